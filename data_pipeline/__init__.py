@@ -1,0 +1,1 @@
+"""Data pipeline: raw sources -> clean corpus -> dedup -> mined negatives -> train/eval files."""

@@ -1,0 +1,98 @@
+"""Files between stages: JSON Lines read with errors that name file, line and field; every output written
+atomically (to a temporary file renamed into place), so a crash never leaves half a file behind."""
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import tempfile
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+
+
+class DataError(ValueError):
+    """A bad input row.  The message always names the file, the line and the field."""
+
+    def __init__(self, path: str | Path, line: int | None, field: str | None, problem: str):
+        self.path, self.line, self.field, self.problem = str(path), line, field, problem
+        where = f"{path}" + (f", line {line}" if line is not None else "") + (f", field '{field}'" if field else "")
+        super().__init__(f"{where}: {problem}")
+
+
+@contextlib.contextmanager
+def atomic_open(path: str | Path, mode: str = "w", encoding: str | None = "utf-8"):
+    """Write to a temporary file beside `path`, then rename it over `path` only if the block succeeded."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    os.close(fd)
+    try:
+        with open(tmp, mode, encoding=None if "b" in mode else encoding) as fh:
+            yield fh
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise
+
+
+def write_jsonl(path: str | Path, rows: Iterable[dict]) -> int:
+    n = 0
+    with atomic_open(path) as fh:
+        for row in rows:
+            fh.write(json.dumps(row, ensure_ascii=False) + "\n")
+            n += 1
+    return n
+
+
+def write_json(path: str | Path, obj) -> None:
+    with atomic_open(path) as fh:
+        json.dump(obj, fh, ensure_ascii=False, indent=2)
+        fh.write("\n")
+
+
+def read_jsonl(path: str | Path, required: Iterable[str] = ()) -> Iterator[dict]:
+    """Yield one dict per line; a bad line raises DataError with its number (1-based)."""
+    required = tuple(required)
+    path = Path(path)
+    if not path.exists():
+        raise FileNotFoundError(f"{path} does not exist")
+    with path.open("rb") as fh:
+        for lineno, raw in enumerate(fh, 1):
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as e:
+                raise DataError(path, lineno, None, f"undecodable bytes (not UTF-8) at byte {e.start}") from None
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise DataError(path, lineno, None, f"not valid JSON ({e.msg})") from None
+            if not isinstance(row, dict):
+                raise DataError(path, lineno, None, "expected a JSON object")
+            for f in required:
+                if f not in row:
+                    raise DataError(path, lineno, f, "missing")
+            yield row
+
+
+def read_text_store(path: str | Path) -> dict[str, str]:
+    """A text store `{"id","text"}` per line -> {id: text}; duplicate ids and empty texts are errors."""
+    store: dict[str, str] = {}
+    for lineno, row in enumerate(read_jsonl(path, required=("id", "text")), 1):
+        if not isinstance(row["text"], str) or not row["text"].strip():
+            raise DataError(path, lineno, "text", f"empty text for id {row['id']!r}")
+        if row["id"] in store:
+            raise DataError(path, lineno, "id", f"duplicate id {row['id']!r}")
+        store[str(row["id"])] = row["text"]
+    return store
+
+
+def file_digest(path: str | Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()[:16]
