@@ -39,9 +39,10 @@ def atomic_open(path: str | Path, mode: str = "w", encoding: str | None = "utf-8
 
 def write_jsonl(path: str | Path, rows: Iterable[dict]) -> int:
     n = 0
+    encoder = json.JSONEncoder(ensure_ascii=False)  # one encoder: json.dumps builds a new one per call
     with atomic_open(path) as fh:
         for row in rows:
-            fh.write(json.dumps(row, ensure_ascii=False) + "\n")
+            fh.write(encoder.encode(row) + "\n")
             n += 1
     return n
 

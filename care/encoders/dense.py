@@ -7,7 +7,7 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 from tqdm.auto import tqdm
-from transformers import AutoModel, AutoTokenizer
+from transformers import AutoConfig, AutoModel, AutoTokenizer
 
 from care.encoders.base import Embeddings, Encoder, resolve_model_path, weights_digest
 from care.encoders.pooling import pool
@@ -49,7 +49,11 @@ class HFDenseEncoder(Encoder):
         if model is None:
             local = resolve_model_path(path, build_hint)
             tokenizer = AutoTokenizer.from_pretrained(local)
-            model = AutoModel.from_pretrained(local)
+            # No pooling mode uses a BERT-family pooler; a folder without one (me5_small) would otherwise
+            # get a randomly initialised pooler, a warning and phantom online parameters.
+            model_type = AutoConfig.from_pretrained(local).model_type
+            extra = {"add_pooling_layer": False} if model_type in ("bert", "xlm-roberta", "roberta") else {}
+            model = AutoModel.from_pretrained(local, **extra)
         self.tokenizer = tokenizer
         self.tokenizer.padding_side = padding_side
         self.model = model.to(self.device).eval()

@@ -1,0 +1,166 @@
+"""An on-disk embedding cache, so re-runs and corpora shared between tasks are not encoded twice.
+
+Layout: `<root>/<encoder fingerprint>/<side>-<heads>/<hash of a text list>.npz`.  Each chunk holds the
+embeddings of one list of unique texts plus the SHA-256 of every text in it.  A request whose text list
+was cached as a whole is one file read; otherwise the cache looks every text up across the chunks of
+that encoder and side, encodes only the missing ones and stores them as a new chunk (so a task whose
+candidates are a subset of another task's corpus costs nothing).  Chunks are written to a temporary
+file and renamed into place, so an interrupted run never leaves a half chunk; an unreadable chunk
+(disk trouble, another version) is reported and ignored, never trusted.
+
+numpy's .npz is the format: no library offers a content-addressed array store that is simpler.
+"""
+from __future__ import annotations
+
+import hashlib
+import logging
+import zipfile
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+import numpy as np
+
+from care.encoders import Embeddings
+from care.paths import cache_dir
+from data_pipeline.io import atomic_open
+
+log = logging.getLogger(__name__)
+SIDES = ("query", "doc")
+
+
+def default_root() -> Path:
+    return cache_dir() / "embeddings"
+
+
+def text_key(text: str) -> bytes:
+    return hashlib.sha256(text.encode("utf-8")).digest()[:16]
+
+
+def list_hash(keys: Sequence[bytes]) -> str:
+    h = hashlib.sha256()
+    for k in keys:
+        h.update(k)
+    return h.hexdigest()[:24]
+
+
+def _pack(keys: list[bytes], emb: Embeddings) -> dict[str, np.ndarray]:
+    arrays = {"keys": np.array(keys, dtype="S16"), "dense": np.asarray(emb.dense, np.float32)}
+    if emb.sparse is not None:
+        # CSR layout: row i's token ids are indices[indptr[i]:indptr[i+1]].
+        arrays["sparse_indptr"] = np.cumsum([0] + [len(d) for d in emb.sparse]).astype(np.int64)
+        arrays["sparse_indices"] = np.array([t for d in emb.sparse for t in d], np.int64)
+        arrays["sparse_values"] = np.array([w for d in emb.sparse for w in d.values()], np.float32)
+    if emb.colbert is not None:
+        arrays["colbert_offsets"] = np.cumsum([0] + [len(c) for c in emb.colbert]).astype(np.int64)
+        width = emb.colbert[0].shape[1] if emb.colbert else 0
+        arrays["colbert"] = (np.concatenate(emb.colbert).astype(np.float32) if emb.colbert
+                             else np.zeros((0, width), np.float32))
+    return arrays
+
+
+def _unpack(arrays, rows: np.ndarray) -> Embeddings:
+    """Embeddings for the given row numbers of one chunk."""
+    dense = arrays["dense"][rows]
+    sparse = colbert = None
+    if "sparse_indptr" in arrays:
+        ptr, idx, val = arrays["sparse_indptr"], arrays["sparse_indices"], arrays["sparse_values"]
+        sparse = [dict(zip(idx[ptr[r]:ptr[r + 1]].tolist(), val[ptr[r]:ptr[r + 1]].tolist())) for r in rows]
+    if "colbert_offsets" in arrays:
+        off, vec = arrays["colbert_offsets"], arrays["colbert"]
+        colbert = [vec[off[r]:off[r + 1]] for r in rows]
+    return Embeddings(dense=dense, sparse=sparse, colbert=colbert)
+
+
+def _concat(parts: list[Embeddings]) -> Embeddings:
+    dense = np.concatenate([p.dense for p in parts])
+    sparse = [d for p in parts for d in p.sparse] if parts[0].sparse is not None else None
+    colbert = [c for p in parts for c in p.colbert] if parts[0].colbert is not None else None
+    return Embeddings(dense=dense, sparse=sparse, colbert=colbert)
+
+
+def _select(emb: Embeddings, rows: Sequence[int]) -> Embeddings:
+    rows = list(rows)
+    return Embeddings(dense=emb.dense[rows],
+                      sparse=[emb.sparse[r] for r in rows] if emb.sparse is not None else None,
+                      colbert=[emb.colbert[r] for r in rows] if emb.colbert is not None else None)
+
+
+class EmbeddingCache:
+    """`cache.get(fingerprint, side, heads, texts, encode)` returns embeddings for `texts` in order,
+    calling `encode(missing_texts)` only for texts this encoder has never embedded on that side."""
+
+    def __init__(self, root: str | Path | None = None, enabled: bool = True):
+        self.root = Path(root) if root is not None else default_root()
+        self.enabled = enabled
+        self.hits = self.misses = 0  # texts served from disk / encoded, for reports and benches
+
+    def _dir(self, fingerprint: str, side: str, heads: Sequence[str]) -> Path:
+        if side not in SIDES:
+            raise ValueError(f"side must be one of {SIDES}, got {side!r}")
+        return self.root / fingerprint / f"{side}-{'+'.join(heads)}"
+
+    @staticmethod
+    def _read(path: Path, names: Sequence[str] | None = None) -> dict | None:
+        """A chunk's arrays (only `names` when given), or None when the file cannot be read."""
+        try:
+            with np.load(path) as z:
+                return {k: z[k] for k in (names or z.files)}
+        except (OSError, ValueError, KeyError, zipfile.BadZipFile, EOFError) as e:
+            log.warning("ignoring unreadable embedding chunk %s (%s)", path, e)
+            return None
+
+    def get(self, fingerprint: str, side: str, heads: Sequence[str], texts: Sequence[str],
+            encode: Callable[[list[str]], Embeddings]) -> Embeddings:
+        heads = tuple(heads)
+        if not self.enabled or not texts:
+            self.misses += len(texts)
+            return encode(list(texts))
+        keys = [text_key(t) for t in texts]
+        unique = list(dict.fromkeys(keys))
+        folder = self._dir(fingerprint, side, heads)
+
+        # Where each text lives: the chunk holding exactly this list if there is one, else any chunk.
+        whole = folder / f"{list_hash(unique)}.npz"
+        paths = [whole] if whole.exists() else sorted(folder.glob("*.npz"))
+        where: dict[bytes, tuple[Path, int]] = {}
+        for path in paths:
+            index = self._read(path, ["keys"])
+            if index is None and path == whole:
+                paths += sorted(p for p in folder.glob("*.npz") if p != whole)
+            for row, k in enumerate(index["keys"].tolist() if index else []):
+                where.setdefault(k, (path, row))
+
+        chunks: dict[Path, dict] = {}
+        missing = [k for k in unique if k not in where]
+        if missing:
+            first = {k: i for i, k in reversed(list(enumerate(keys)))}
+            new_texts = [texts[first[k]] for k in missing]
+            emb = encode(new_texts)
+            if len(emb) != len(new_texts):
+                raise RuntimeError(f"encoder returned {len(emb)} embeddings for {len(new_texts)} texts")
+            path = folder / f"{list_hash(missing)}.npz"
+            chunks[path] = _pack(missing, emb)
+            with atomic_open(path, "wb") as fh:
+                np.savez(fh, **chunks[path])
+            where.update({k: (path, row) for row, k in enumerate(missing)})
+        self.misses += len(missing)
+        self.hits += len(unique) - len(missing)
+
+        # Read rows chunk by chunk (one fancy index per chunk), then put them in the requested order.
+        rows_of: dict[Path, tuple[list[int], list[int]]] = {}
+        for pos, k in enumerate(unique):
+            path, row = where[k]
+            rows_of.setdefault(path, ([], []))
+            rows_of[path][0].append(row)
+            rows_of[path][1].append(pos)
+        parts, order = [], []
+        for path, (rows, positions) in rows_of.items():
+            arrays = chunks.get(path) or self._read(path)
+            if arrays is None:
+                raise RuntimeError(f"embedding chunk {path} became unreadable during the run; delete it and rerun")
+            parts.append(_unpack(arrays, np.array(rows, dtype=np.int64)))
+            order.extend(positions)
+        merged = _concat(parts)
+        # merged row j holds unique text order[j]; request row i wants unique text position[keys[i]].
+        where_in_merged = {unique[p]: j for j, p in enumerate(order)}
+        return _select(merged, [where_in_merged[k] for k in keys])

@@ -1,0 +1,127 @@
+"""Reports of an evaluation run: one JSON per (model, task), summary.json, a Markdown table (rows = models,
+columns = benchmark slots, Avg, the other tasks' metrics, efficiency) and a PNG comparing models per slot.
+Every table of an open stand-in benchmark says so above it and names each slot's source below it."""
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from care.evaluation.benchmarks import Benchmark
+from data_pipeline.io import atomic_open, write_json
+
+METRIC_LABELS = {"ndcg_cut": "nDCG@{}", "map_cut": "MAP@{}", "map_min_r": "MAP(min R)@{}", "mrr": "MRR@{}",
+                 "success": "Hit@{}", "recall": "Recall@{}", "acc": "Acc@{}"}
+EFFICIENCY = [("online_parameters", "Online params (M)", 1e-6, 1),
+              ("query_latency_ms_p50", "Query ms p50", 1, 1), ("query_latency_ms_p95", "Query ms p95", 1, 1),
+              ("docs_per_second", "Docs/s", 1, 0)]
+
+
+def metric_label(name: str) -> str:
+    if name in ("pearson", "spearman"):
+        return name.capitalize()
+    match = re.match(r"^(.*)_(\d+)$", name)
+    if match and match.group(1) in METRIC_LABELS:
+        return METRIC_LABELS[match.group(1)].format(match.group(2))
+    return name
+
+
+def columns(benchmarks: list[Benchmark]) -> list[dict]:
+    """Table columns in order: {"key" (the row field), "title", "benchmark"}."""
+    cols = []
+    for b in benchmarks:
+        for t in b.tasks:
+            if t.slot:
+                cols.append({"key": f"{b.name}/{t.key}", "title": f"{t.slot} {metric_label(t.primary)}", "benchmark": b.name,
+                             "slot": True})
+        if b.avg:
+            cols.append({"key": f"{b.name}/avg", "title": b.avg, "benchmark": b.name, "slot": True})
+        for t in b.tasks:
+            if not t.slot:
+                cols += [{"key": f"{b.name}/{t.key}/{m}", "title": f"{t.key} {metric_label(m)}", "benchmark": b.name,
+                          "slot": False} for m in t.metrics]
+    return cols
+
+
+def _fmt(value, digits: int = 2) -> str:
+    if value is None:
+        return "n/a"
+    return f"{value:,.{digits}f}" if digits else f"{value:,.0f}"
+
+
+def markdown(run: str, benchmarks: list[Benchmark], rows: list[dict], settings: dict) -> str:
+    cols = columns(benchmarks)
+    lines = [f"# Evaluation `{run}`", ""]
+    for b in benchmarks:
+        tag = "**open stand-in**, built from public data: not the real sets, not comparable with published scores"
+        lines.append(f"- `{b.name}`: {b.label}" + (f" ({tag})" if b.open_stand_in else ""))
+    lines.append("")
+    head = ["Model"] + [c["title"] + (" (stand-in)" if _stand_in(benchmarks, c) else "") for c in cols] \
+        + [title for _, title, _, _ in EFFICIENCY]
+    lines += ["| " + " | ".join(head) + " |", "|" + "|".join(["---"] + ["---:"] * (len(head) - 1)) + "|"]
+    for r in rows:
+        cells = [r["label"]] + [_fmt(r["scores"].get(c["key"])) for c in cols]
+        cells += [_fmt(r["efficiency"].get(k) * scale if r["efficiency"].get(k) is not None else None, d)
+                  for k, _, scale, d in EFFICIENCY]
+        lines.append("| " + " | ".join(cells) + " |")
+    lines += ["", "Scores on a 0-100 scale (Pearson x 100 for STS), trec_eval conventions (MAP@10 divides by all "
+              f"relevant documents); table method: {settings.get('table_method')} (other methods in the per-task JSON).",
+              ""]
+    for b in benchmarks:
+        lines.append(f"Sources of `{b.name}`" + (" (open stand-in)" if b.open_stand_in else "") + ":")
+        for t in b.tasks:
+            lines.append(f"- {t.title}: {t.source or t.path}")
+        if b.note:
+            lines.append(f"- note: {b.note}")
+    lines += ["", "Settings: " + ", ".join(f"{k}={v}" for k, v in settings.items())]
+    for r in rows:
+        if r.get("skipped"):
+            lines.append(f"- {r['label']}: skipped ({r['skipped']})")
+    return "\n".join(lines) + "\n"
+
+
+def _stand_in(benchmarks: list[Benchmark], col: dict) -> bool:
+    return any(b.name == col["benchmark"] and b.open_stand_in for b in benchmarks)
+
+
+def plot(path: Path, benchmarks: list[Benchmark], rows: list[dict]) -> Path:
+    """Grouped bars: one group per slot (and Avg), one bar per model."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    cols = [c for c in columns(benchmarks) if c["slot"]] or columns(benchmarks)
+    rows = [r for r in rows if not r.get("skipped")]
+    width = 0.8 / max(1, len(rows))
+    fig, ax = plt.subplots(figsize=(max(6, 1.6 * len(cols)), 4.5))
+    x = np.arange(len(cols))
+    for i, r in enumerate(rows):
+        values = [r["scores"].get(c["key"]) for c in cols]
+        bars = ax.bar(x + (i - (len(rows) - 1) / 2) * width, [v if v is not None else 0 for v in values],
+                      width, label=r["label"])
+        ax.bar_label(bars, labels=[_fmt(v, 1) for v in values], fontsize=7, rotation=90, padding=2)
+    ax.set_xticks(x, [c["title"] for c in cols], rotation=20, ha="right")
+    ax.set_ylabel("score (0-100)")
+    stand_in = [b.name for b in benchmarks if b.open_stand_in]
+    ax.set_title("Models per slot" + (f" ({', '.join(stand_in)}: open stand-in)" if stand_in else ""))
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    with atomic_open(path, "wb") as fh:
+        fig.savefig(fh, format="png", dpi=120)
+    plt.close(fig)
+    return path
+
+
+def write_summary(out: Path, run: str, benchmarks: list[Benchmark], rows: list[dict], settings: dict) -> str:
+    """summary.json, summary.md and slots.png in `out`; returns the Markdown table."""
+    text = markdown(run, benchmarks, rows, settings)
+    write_json(out / "summary.json", {
+        "run": run, "settings": settings, "columns": columns(benchmarks), "models": rows,
+        "benchmarks": [{"name": b.name, "label": b.label, "open_stand_in": b.open_stand_in, "avg": b.avg,
+                        "tasks": {t.key: {"slot": t.slot, "type": t.type, "primary": t.primary, "source": t.source,
+                                          "path": t.path} for t in b.tasks}} for b in benchmarks]})
+    with atomic_open(out / "summary.md") as fh:
+        fh.write(text)
+    plot(out / "slots.png", benchmarks, rows)
+    return text

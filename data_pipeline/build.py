@@ -1,0 +1,339 @@
+"""Stage "build": training examples from the import stage's files, with the leakage rule applied.
+
+Reads `{build.input_dir}` (the import stage's texts.jsonl, pairs.jsonl, candidates.jsonl) and writes
+`{build.out_dir}`:
+    examples.jsonl  {"query_id", "pos_ids": [...], "rule", "pool"}   one line per training query
+    texts.jsonl     {"id", "text"}                                   every text the examples refer to
+    leakage.json    per evaluation set: what the rule found before and after (after is always 0)
+    stats.json      counts per rule, timings, the stage fingerprint (an unchanged re-run is skipped)
+
+Examples come from the configured rules (`build.rules`): (source, split) of the import files, which
+labels count as positive, and the pool a rule's negatives are later mined from (stage "mine").
+
+The leakage rule (`build.eval_sets`, `build.leakage`): no query of an evaluation set may appear in the
+training data, as a query or as a positive, by exact match of the normalised text or as a near duplicate
+(MinHash LSH, verified by exact Jaccard: the dedup stage's own functions); and no (query, relevant
+document) pair of an evaluation set may be a training (query, positive) pair.  Texts an evaluation set
+only uses as candidates or corpus entries may stay.  An example whose query leaks is dropped; a leaking
+positive is dropped from its example (and the example with it when no positive is left).  The counts
+"after" are recomputed from scratch on what is kept, not assumed.
+
+`export_flag` writes the id-based training files as FlagEmbedding's {"query", "pos", "neg", "neg_scores"}.
+"""
+from __future__ import annotations
+
+import random
+import time
+from collections import defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from datasketch import MinHash, MinHashLSH
+from omegaconf import DictConfig, OmegaConf
+from tqdm.auto import tqdm
+
+from data_pipeline.dedup.minhash import choose_bands_rows, jaccard, shingles
+from data_pipeline.dedup.normalize import Normalizer
+from data_pipeline.io import DataError, read_jsonl, read_text_store, write_json, write_jsonl
+from data_pipeline.stage_cache import fingerprint, up_to_date
+
+FROM = {"pairs": "pairs.jsonl", "candidates": "candidates.jsonl"}
+
+
+@dataclass
+class Example:
+    query_id: str
+    pos_ids: list[str]
+    rule: str
+    pool: str
+
+    def row(self) -> dict:
+        return {"query_id": self.query_id, "pos_ids": self.pos_ids, "rule": self.rule, "pool": self.pool}
+
+
+@dataclass
+class EvalSet:
+    name: str
+    queries: set[str] = field(default_factory=set)                 # text ids on the query side
+    relevant: set[tuple[str, str]] = field(default_factory=set)    # (query id, relevant document id)
+
+
+# ---- reading the import files ------------------------------------------------------------------------
+
+def _rows(input_dir: Path, specs: list[dict], texts: dict[str, str]):
+    """(spec, path, line, row) for every pairs/candidates row a spec selects by (source, split).
+    Every id a selected row names must be in the text store."""
+    for kind, name in FROM.items():
+        wanted = [s for s in specs if s["from"] == kind]
+        if not wanted:
+            continue
+        path = input_dir / name
+        required = ("source", "split", "text1_id", "text2_id", "label") if kind == "pairs" else (
+            "source", "split", "query_id", "candidates")
+        for line, row in enumerate(read_jsonl(path, required), 1):
+            for spec in wanted:
+                if row["source"] == spec["source"] and row["split"] == spec["split"]:
+                    ids = ([("text1_id", row["text1_id"]), ("text2_id", row["text2_id"])] if kind == "pairs" else
+                           [("query_id", row["query_id"])] + [("candidates", c.get("id")) for c in row["candidates"]])
+                    for fld, tid in ids:
+                        if tid not in texts:
+                            raise DataError(path, line, fld, f"unknown text id {tid!r} (not in texts.jsonl)")
+                    yield spec, path, line, row
+
+
+def _positive(label, min_label, path, line) -> bool:
+    if label is None:
+        raise DataError(path, line, "label", "unlabelled row in a split a rule or evaluation set uses")
+    return min_label is None or label >= min_label
+
+
+def collect_examples(input_dir: Path, rules: list[dict], texts: dict[str, str]) -> dict[str, list[Example]]:
+    """rule name -> its examples, one per query (positives in file order, no repeats)."""
+    grouped: dict[str, dict[str, list[str]]] = {r["name"]: {} for r in rules}
+    for rule, path, line, row in _rows(input_dir, rules, texts):
+        groups = grouped[rule["name"]]
+        if rule["from"] == "pairs":
+            if _positive(row["label"], rule["min_label"], path, line):
+                groups.setdefault(row["text1_id"], []).append(row["text2_id"])
+        else:
+            pos = [c["id"] for c in row["candidates"] if _positive(c.get("label"), rule["min_label"], path, line)]
+            if pos:
+                groups.setdefault(row["query_id"], []).extend(pos)
+    pools = {r["name"]: r["pool"] for r in rules}
+    return {name: [Example(q, list(dict.fromkeys(p for p in pos if p != q)), name, pools[name])
+                   for q, pos in groups.items()] for name, groups in grouped.items()}
+
+
+def collect_eval_sets(input_dir: Path, specs: list[dict], texts: dict[str, str]) -> list[EvalSet]:
+    sets = {s["name"]: EvalSet(s["name"]) for s in specs}
+    for spec, path, line, row in _rows(input_dir, specs, texts):
+        es, threshold = sets[spec["name"]], spec.get("relevant_min_label")
+        if spec["from"] == "candidates":
+            es.queries.add(row["query_id"])
+            es.relevant.update((row["query_id"], c["id"]) for c in row["candidates"]
+                               if _positive(c.get("label"), threshold, path, line))
+        else:
+            first, second = spec["roles"]
+            for role, tid in ((first, row["text1_id"]), (second, row["text2_id"])):
+                if role == "query":
+                    es.queries.add(tid)
+            if _positive(row["label"], threshold, path, line):
+                es.relevant.add((row["text1_id"], row["text2_id"]))
+    for es in sets.values():
+        if not es.queries:
+            raise ValueError(f"evaluation set '{es.name}' has no queries in {input_dir}: check its source/split "
+                             "in build.eval_sets against the import stage's files")
+    return list(sets.values())
+
+
+# ---- the leakage rule --------------------------------------------------------------------------------
+
+def near_duplicates(queries: list[str], texts: list[str], ngram: int, threshold: float, num_perm: int,
+                    target_recall: float) -> list[tuple[int, int, float]]:
+    """(query position, text position, Jaccard) for every pair with exact Jaccard >= threshold.
+
+    The dedup stage's MinHash recipe (its shingles, its bands x rows rule, exact verification), as a join
+    of two lists: dedup.minhash.minhash_pairs is a self-join, which here would also hash, index and verify
+    the ~60K training texts against each other (3x slower).  Only the queries go into the LSH index."""
+    bands, rows = choose_bands_rows(threshold, num_perm, target_recall)
+    q_sets = [shingles(t, ngram) for t in queries]
+    t_sets = [shingles(t, ngram) for t in texts]
+    lsh = MinHashLSH(num_perm=num_perm, params=(bands, rows))
+    with lsh.insertion_session() as session:
+        for i, m in enumerate(MinHash.bulk([[s.encode() for s in q] for q in q_sets], num_perm=num_perm)):
+            session.insert(i, m, check_duplication=False)
+    found = []
+    hashes = MinHash.bulk([[s.encode() for s in t] for t in t_sets], num_perm=num_perm)
+    for j, m in enumerate(tqdm(hashes, desc="leakage: near duplicates", unit="text", mininterval=2)):
+        for i in lsh.query(m):
+            sim = jaccard(q_sets[i], t_sets[j])
+            if sim >= threshold:
+                found.append((i, j, sim))
+    return found
+
+
+class LeakageDetector:
+    """Finds evaluation queries among training texts: exact (normalised) or near-duplicate matches.
+    A text's matches are computed once and remembered, so the check after cleaning costs little."""
+
+    def __init__(self, eval_sets: list[EvalSet], texts: dict[str, str], opts: dict):
+        self.normalizer = Normalizer(**opts["normalize"])
+        self.texts, self.opts = texts, opts
+        self.normalised: dict[str, str] = {}  # text id -> normalised text
+        self.owner: dict[str, set[str]] = defaultdict(set)  # normalised eval query -> eval set names
+        for es in eval_sets:
+            for qid in es.queries:
+                self.owner[self.norm(qid)].add(es.name)
+        self.relevant: dict[frozenset, set[str]] = defaultdict(set)  # {norm query, norm doc} -> eval set names
+        for es in eval_sets:
+            for q, d in es.relevant:
+                self.relevant[frozenset((self.norm(q), self.norm(d)))].add(es.name)
+        self.hits: dict[str, dict[str, tuple[str, str, float]]] = {}  # see `match`
+
+    def norm(self, tid: str) -> str:
+        if tid not in self.normalised:
+            self.normalised[tid] = self.normalizer(self.texts[tid])
+        return self.normalised[tid]
+
+    def match(self, normalised: set[str]) -> dict[str, dict[str, tuple[str, str, float]]]:
+        """training text (normalised) -> {eval set: (how, matched eval text, similarity)}; {} if it is clean."""
+        new = sorted(t for t in normalised if t not in self.hits)
+        for t in new:
+            self.hits[t] = {name: ("exact", t, 1.0) for name in self.owner.get(t, ())}
+        n, threshold = self.opts["ngram"], self.opts["threshold"]
+        evals = list(self.owner)
+        sizes = [len(shingles(t, n)) for t in evals]
+        # Jaccard(A, B) <= min(|A|,|B|) / max(|A|,|B|): a text with more than max/threshold shingles (a long
+        # answer) cannot reach the threshold against any evaluation query, so it never enters MinHash.
+        lo, hi = min(sizes, default=0) * threshold, max(sizes, default=0) / threshold
+        rest = [t for t in new if lo <= len(shingles(t, n)) <= hi]
+        for i, j, sim in near_duplicates(evals, rest, n, threshold, self.opts["num_perm"], self.opts["target_recall"]):
+            found = self.hits[rest[j]]
+            for name in self.owner[evals[i]]:
+                if name not in found or found[name][2] < sim:  # an exact match (1.0) is never replaced
+                    found[name] = ("near", evals[i], sim)
+        return {t: self.hits[t] for t in normalised if self.hits[t]}
+
+    def report(self, examples: list[Example]) -> tuple[dict, dict, set, set]:
+        """Per eval set counts of leaks in `examples`, the text matches, and the leaking training pairs."""
+        norm = {tid: self.norm(tid) for ex in examples for tid in [ex.query_id, *ex.pos_ids]}
+        hits = self.match(set(norm.values()))
+        counts: dict[str, dict] = defaultdict(lambda: defaultdict(int))
+        shown: dict[str, list] = defaultdict(list)
+        for side, ids in (("as_query", dict.fromkeys(ex.query_id for ex in examples)),
+                          ("as_text", dict.fromkeys(p for ex in examples for p in ex.pos_ids))):
+            for tid in ids:
+                for name, (how, eval_text, sim) in hits.get(norm[tid], {}).items():
+                    counts[name][side] += 1
+                    counts[name][how] += 1
+                    if len(shown[name]) < self.opts["examples_shown"]:
+                        shown[name].append({"eval": eval_text, "train": norm[tid], "how": how,
+                                            "jaccard": round(sim, 4)})
+        bad_pairs = set()
+        for ex in examples:
+            for p in ex.pos_ids:
+                for name in self.relevant.get(frozenset((norm[ex.query_id], norm[p])), ()):
+                    counts[name]["relevant_pairs"] += 1
+                    bad_pairs.add((ex.query_id, p))
+        return counts, shown, set(hits), bad_pairs
+
+    def clean(self, examples: list[Example]) -> tuple[list[Example], dict, dict]:
+        """Examples with every leak removed, and what was removed."""
+        counts, shown, leaked, bad_pairs = self.report(examples)
+        kept, removed = [], defaultdict(int)
+        for ex in examples:
+            if self.norm(ex.query_id) in leaked:
+                removed["examples_query_leaked"] += 1
+                removed["training_pairs"] += len(ex.pos_ids)
+                continue
+            pos = [p for p in ex.pos_ids if self.norm(p) not in leaked and (ex.query_id, p) not in bad_pairs]
+            removed["training_pairs"] += len(ex.pos_ids) - len(pos)
+            if not pos:
+                removed["examples_no_positive_left"] += 1
+                continue
+            kept.append(Example(ex.query_id, pos, ex.rule, ex.pool))
+        return kept, {"counts": counts, "shown": shown}, dict(removed)
+
+
+def apply_leakage_rule(examples: list[Example], eval_sets: list[EvalSet], texts: dict[str, str],
+                       opts: dict) -> tuple[list[Example], dict]:
+    detector = LeakageDetector(eval_sets, texts, opts)
+    kept, before, removed = detector.clean(examples)
+    after_counts, _, _, _ = detector.report(kept)  # counted again on what is kept
+    zero = {"as_query": 0, "as_text": 0, "exact": 0, "near": 0, "relevant_pairs": 0}
+    per_set = {}
+    for es in eval_sets:
+        per_set[es.name] = {"queries": len(es.queries), "relevant_pairs": len(es.relevant),
+                            "before": {**zero, **before["counts"].get(es.name, {})},
+                            "after": {**zero, **after_counts.get(es.name, {})},
+                            "matches_shown": before["shown"].get(es.name, [])}
+    leaks_after = sum(sum(v["after"].values()) for v in per_set.values())
+    if leaks_after:
+        raise RuntimeError(f"leakage rule failed: {leaks_after} leaks remain after cleaning: {per_set}")
+    report = {"rule": "no evaluation query in training (as query or text; exact after normalisation or near "
+                      "duplicate by MinHash + exact Jaccard); no evaluation (query, relevant document) pair "
+                      "as a training pair", "options": opts, "eval_sets": per_set,
+              "removed": {"training_pairs": 0, "examples_query_leaked": 0, "examples_no_positive_left": 0,
+                          **removed}}
+    return kept, report
+
+
+# ---- FlagEmbedding export ----------------------------------------------------------------------------
+
+def export_flag(train_path: str | Path, texts_path: str | Path, out_path: str | Path) -> int:
+    """The id-based training file as FlagEmbedding's JSON Lines {"query", "pos", "neg", "neg_scores"}.
+    Texts are inlined (what FlagEmbedding reads), so this file is ~50x the id-based one."""
+    texts = read_text_store(texts_path)
+
+    def rows():
+        for line, ex in enumerate(read_jsonl(train_path, ("query_id", "pos_ids", "neg_ids", "neg_scores")), 1):
+            for fld in ("query_id", "pos_ids", "neg_ids"):
+                for tid in ex[fld] if isinstance(ex[fld], list) else [ex[fld]]:
+                    if tid not in texts:
+                        raise DataError(train_path, line, fld, f"unknown text id {tid!r} (not in {texts_path})")
+            yield {"query": texts[ex["query_id"]], "pos": [texts[i] for i in ex["pos_ids"]],
+                   "neg": [texts[i] for i in ex["neg_ids"]], "neg_scores": ex["neg_scores"]}
+
+    return write_jsonl(out_path, rows())
+
+
+# ---- the stage ---------------------------------------------------------------------------------------
+
+def _sample(examples: list[Example], cap: int | None, seed: int) -> list[Example]:
+    if cap is None or len(examples) <= cap:
+        return examples
+    picked = sorted(random.Random(seed).sample(range(len(examples)), cap))  # input order kept
+    return [examples[i] for i in picked]
+
+
+def run(cfg: DictConfig) -> dict:
+    c = OmegaConf.to_container(cfg.build, resolve=True)
+    input_dir, out_dir = Path(c["input_dir"]), Path(c["out_dir"])
+    inputs = [input_dir / "texts.jsonl", *(input_dir / name for name in FROM.values())]
+    fp = fingerprint(inputs, c)
+    if not cfg.get("force") and (old := up_to_date(out_dir, fp)):
+        print(f"build: inputs and config unchanged, skipped ({out_dir})")
+        return {**old, "skipped": True}
+    t0 = time.perf_counter()
+    texts = read_text_store(input_dir / "texts.jsonl")
+    by_rule = collect_examples(input_dir, c["rules"], texts)
+    eval_sets = collect_eval_sets(input_dir, c["eval_sets"], texts)
+    t_read = time.perf_counter() - t0
+    examples = [ex for rule in c["rules"] for ex in by_rule[rule["name"]]]
+    if not examples:
+        raise ValueError(f"no training examples: no rule in build.rules selected a positive from {input_dir}")
+    clean, leakage = apply_leakage_rule(examples, eval_sets, texts, c["leakage"])
+    t_leak = time.perf_counter() - t0 - t_read
+    final, per_rule = [], {}
+    for rule in c["rules"]:
+        name = rule["name"]
+        kept = [ex for ex in clean if ex.rule == name]
+        capped = _sample(kept, rule.get("max_examples"), c["seed"])
+        final += capped
+        per_rule[name] = {"examples": len(by_rule[name]), "pairs": sum(len(e.pos_ids) for e in by_rule[name]),
+                          "after_leakage": len(kept), "kept": len(capped), "max_examples": rule.get("max_examples"),
+                          "pool": rule["pool"]}
+    used = dict.fromkeys(tid for ex in final for tid in [ex.query_id, *ex.pos_ids])
+    write_jsonl(out_dir / "examples.jsonl", (ex.row() for ex in final))
+    write_jsonl(out_dir / "texts.jsonl", ({"id": tid, "text": texts[tid]} for tid in used))
+    write_json(out_dir / "leakage.json", leakage)
+    stats = {"stage": "build", "fingerprint": fp, "examples": len(final), "texts": len(used),
+             "training_pairs": sum(len(e.pos_ids) for e in final), "rules": per_rule,
+             "leakage_removed": leakage["removed"],
+             "seconds": {"read": round(t_read, 2), "leakage": round(t_leak, 2),
+                         "total": round(time.perf_counter() - t0, 2)}}
+    write_json(out_dir / "stats.json", stats)
+    _print_table(per_rule, leakage)
+    return stats
+
+
+def _print_table(per_rule: dict, leakage: dict) -> None:
+    print(f"{'rule':<14}{'examples':>10}{'after leakage':>15}{'kept':>8}")
+    for name, r in per_rule.items():
+        print(f"{name:<14}{r['examples']:>10}{r['after_leakage']:>15}{r['kept']:>8}")
+    print(f"{'eval set':<34}{'queries':>9}{'leaks before':>14}{'after':>7}")
+    for name, s in leakage["eval_sets"].items():
+        before = s["before"]["as_query"] + s["before"]["as_text"] + s["before"]["relevant_pairs"]
+        after = sum(s["after"].values())
+        print(f"{name:<34}{s['queries']:>9}{before:>14}{after:>7}")
+    print(f"leakage rule removed {leakage['removed']['training_pairs']} training pairs")

@@ -1,0 +1,150 @@
+"""Stage 3: semantic duplicates, i.e. pairs whose embeddings have cosine >= the encoder's threshold.
+
+Embeddings come from any care.encoders.Encoder and are cached on disk (keyed by the encoder's
+fingerprint and each text's MD5), so a re-run, or a run on a grown corpus, only encodes new texts.
+The search never builds the N x N similarity matrix: queries go to a FAISS flat inner-product index
+(vectors L2-normalised, so inner product = cosine) a block at a time.  On CPU each block is a
+`range_search`; GPU FAISS has no range search, so there each block is a top-k search, repeated with
+twice the k for rows whose k-th neighbour is still above the threshold.  Both give every pair.
+"""
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import faiss
+import numpy as np
+from tqdm.auto import tqdm
+
+from care.encoders import Encoder
+from data_pipeline.io import atomic_open
+
+# GPU FAISS's flat index answers at most this many neighbours per query.
+GPU_MAX_K = 2048
+
+
+class EmbeddingCache:
+    """`<root>/<encoder fingerprint>/<side>/shard-N.npz`, each shard holding `keys` (MD5 of the text) and
+    `vectors`.  Hand-written because the caching libraries (joblib.Memory, diskcache) key on a whole
+    call's arguments: a corpus that grows by one text would be encoded again from scratch."""
+
+    def __init__(self, root: str | Path, encoder: Encoder, side: str = "documents"):
+        if side not in ("documents", "queries"):
+            raise ValueError(f"side must be documents or queries, not {side!r}")
+        self.dir = Path(root) / encoder.fingerprint / side
+        self.encoder, self.side = encoder, side
+        self.hits = self.encoded = 0  # of the last encode() call: texts found in the cache / encoded now
+
+    def _known(self) -> dict[str, np.ndarray]:
+        known: dict[str, np.ndarray] = {}
+        for shard in sorted(self.dir.glob("shard-*.npz")):
+            with np.load(shard) as z:
+                known.update(zip(z["keys"].tolist(), z["vectors"]))
+        return known
+
+    def encode(self, texts: Sequence[str], batch_size: int = 32, show_progress: bool = True) -> np.ndarray:
+        keys = [hashlib.md5(t.encode("utf-8")).hexdigest() for t in texts]
+        known = self._known()
+        missing = {k: t for k, t in zip(keys, texts) if k not in known}
+        if missing:
+            encode = self.encoder.encode_documents if self.side == "documents" else self.encoder.encode_queries
+            vectors = encode(list(missing.values()), batch_size=batch_size, show_progress=show_progress).dense
+            shard = self.dir / f"shard-{len(list(self.dir.glob('shard-*.npz'))):05d}.npz"
+            with atomic_open(shard, "wb") as fh:
+                np.savez(fh, keys=np.array(list(missing)), vectors=vectors.astype(np.float32))
+            known.update(zip(missing, vectors))
+        self.hits, self.encoded = len(texts) - len(missing), len(missing)
+        if not texts:
+            return np.zeros((0, 0), np.float32)
+        return np.stack([known[k] for k in keys]).astype(np.float32)
+
+
+def unit_rows(vectors: np.ndarray) -> np.ndarray:
+    x = np.ascontiguousarray(vectors, dtype=np.float32).copy()
+    faiss.normalize_L2(x)
+    return x
+
+
+def flat_index(x: np.ndarray, use_gpu: bool | None = None):
+    """A flat inner-product index, moved to every GPU when FAISS has GPUs (and use_gpu is not False)."""
+    index = faiss.IndexFlatIP(x.shape[1])
+    index.add(x)
+    gpus = faiss.get_num_gpus() if hasattr(faiss, "get_num_gpus") else 0
+    if gpus and use_gpu is not False:
+        index = faiss.index_cpu_to_all_gpus(index)
+    return index, bool(gpus and use_gpu is not False)
+
+
+@dataclass
+class CosinePairs:
+    rows: np.ndarray   # i < j, positions in the input
+    cols: np.ndarray
+    sims: np.ndarray   # cosine
+    method: str        # range | topk
+    saturated: int     # rows whose neighbours above the threshold exceeded GPU_MAX_K (topk on GPU only)
+
+
+def _topk_above(index, xq, qid, threshold, k, max_k):
+    """Neighbours of the queries `xq` (ids `qid`) with score >= threshold, by top-k search; rows whose
+    k-th score is still >= threshold are searched again with 2k."""
+    D, I = index.search(xq, k)
+    full = D[:, -1] >= threshold
+    if k >= max_k:
+        saturated, full = int(full.sum()), np.zeros_like(full)
+    else:
+        saturated = 0
+    q = np.repeat(qid[~full], k)
+    d, i = D[~full].ravel(), I[~full].ravel()
+    parts = [(q, i, d)]
+    if full.any():
+        *more, sat = _topk_above(index, xq[full], qid[full], threshold, min(2 * k, max_k), max_k)
+        parts.append(tuple(more))
+        saturated += sat
+    return (*(np.concatenate(p) for p in zip(*parts)), saturated)
+
+
+def cosine_pairs(vectors: np.ndarray, threshold: float, search: str = "auto", topk: int = 64,
+                 block: int = 4096, use_gpu: bool | None = None, show_progress: bool = True) -> CosinePairs:
+    """Every pair (i < j) with cosine >= threshold, without an N x N matrix."""
+    x = unit_rows(vectors)
+    n = len(x)
+    index, on_gpu = flat_index(x, use_gpu)
+    method = ("topk" if on_gpu else "range") if search == "auto" else search
+    if method == "range" and on_gpu:
+        raise ValueError("GPU FAISS has no range_search: use dedup.semantic.search=topk or auto")
+    if method not in ("range", "topk"):
+        raise ValueError(f"dedup.semantic.search must be auto, range or topk, not {search!r}")
+    max_k = min(n, GPU_MAX_K) if on_gpu else n
+    # FAISS's inner-product range search returns scores strictly above the radius; step one float below.
+    radius = float(np.nextafter(np.float32(threshold), np.float32(-np.inf)))
+    rows, cols, sims, saturated = [], [], [], 0
+    for s in tqdm(range(0, n, block), desc=f"semantic: {method} search", disable=not show_progress, unit="block"):
+        xq, qid = x[s:s + block], np.arange(s, min(s + block, n))
+        if method == "range":
+            lims, d, i = index.range_search(xq, radius)
+            q = np.repeat(qid, np.diff(lims).astype(np.int64))
+        else:
+            q, i, d, sat = _topk_above(index, xq, qid, threshold, min(topk, n), max_k)
+            saturated += sat
+        keep = (i > q) & (d >= threshold)  # each pair once; drops the self match and -1 padding
+        rows.append(q[keep]), cols.append(i[keep]), sims.append(d[keep])
+    cat = (lambda parts, dt: np.concatenate(parts).astype(dt) if parts else np.zeros(0, dt))
+    return CosinePairs(cat(rows, np.int64), cat(cols, np.int64), cat(sims, np.float64), method, saturated)
+
+
+def nearest_neighbour_cosine(vectors: np.ndarray, block: int = 4096, use_gpu: bool | None = None,
+                             show_progress: bool = True) -> np.ndarray:
+    """For every text, the cosine of its most similar other text (for the histogram and calibration)."""
+    x = unit_rows(vectors)
+    n = len(x)
+    if n < 2:
+        return np.zeros(0, np.float32)
+    index, _ = flat_index(x, use_gpu)
+    out = np.empty(n, np.float32)
+    for s in tqdm(range(0, n, block), desc="semantic: nearest neighbours", disable=not show_progress, unit="block"):
+        D, I = index.search(x[s:s + block], 2)
+        own = I[:, 0] == np.arange(s, s + len(I))  # with exact copies the top hit may be another row
+        out[s:s + len(I)] = np.where(own, D[:, 1], D[:, 0])
+    return out

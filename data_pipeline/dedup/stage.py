@@ -1,0 +1,231 @@
+"""`python -m data_pipeline stage=dedup`: exact -> MinHash -> semantic deduplication of a text store.
+
+Reads `{"id","text",...}` JSON Lines (cfg.input, else {out_root}/import/texts.jsonl), restricted to the
+roles/sources in `dedup.roles` / `dedup.sources`; writes to cfg.out (else {out_root}/dedup/):
+  kept.jsonl         the surviving rows, unchanged, in input order
+  clusters.jsonl     one line per cluster a stage merged: stage, kept_id, removed_ids, similarity of
+                     each removed text to the kept one, the weakest edge that joined the cluster
+  stats.json         texts in/out, clusters and the 10 largest, seconds per stage, the thresholds and
+                     the encoder they belong to, the MinHash S-curve, the stage fingerprint
+  nn_similarity.png  histogram of each text's nearest-neighbour cosine, threshold marked
+Each stage passes its survivors on in input order, and every cluster keeps its earliest member.
+"""
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import numpy as np
+from omegaconf import DictConfig, OmegaConf
+
+from care.encoders.base import weights_digest
+from data_pipeline import stage_cache
+from data_pipeline.dedup.clusters import Cluster, clusters_from_edges, survivors
+from data_pipeline.dedup.exact import exact_clusters
+from data_pipeline.dedup.minhash import jaccard, minhash_pairs, s_curve, shingles
+from data_pipeline.dedup.normalize import Normalizer
+from data_pipeline.io import DataError, atomic_open, read_jsonl, write_json, write_jsonl
+
+STAGES = ("exact", "minhash", "semantic")
+
+
+class ThresholdError(ValueError):
+    """Semantic dedup refused: the model's thresholds are missing, invalid or belong to another encoder."""
+
+
+def semantic_thresholds(cfg: DictConfig) -> dict:
+    """The cosine cut (and mining window) to use, with where they came from.  Refuses thresholds that
+    are missing or were calibrated for another encoder unless dedup.semantic.cosine overrides them."""
+    model = cfg.model
+    where = f"model config '{model.get('name')}' (conf/model/{model.get('name')}.yaml)"
+    th = OmegaConf.to_container(model.thresholds, resolve=True) if model.get("thresholds") else {}
+    override = cfg.dedup.semantic.get("cosine")
+    if override is None:
+        if th.get("dedup_cosine") is None:
+            raise ThresholdError(
+                f"{where} has no thresholds.dedup_cosine. Thresholds belong to an encoder (facts.md s.4): "
+                f"calibrate them (python -m data_pipeline.dedup.calibrate model={model.get('name')}) and add a "
+                f"thresholds block, or pass dedup.semantic.cosine=VALUE to override explicitly.")
+        if th.get("calibrated_for") != model.get("name"):
+            raise ThresholdError(
+                f"{where}: thresholds.calibrated_for is {th.get('calibrated_for')!r}, not this encoder "
+                f"{model.get('name')!r}; a cosine cut does not transfer between encoders. Re-calibrate, or pass "
+                f"dedup.semantic.cosine=VALUE to override explicitly.")
+        source = "model.thresholds"
+    else:
+        th = {**th, "dedup_cosine": float(override), "how": "explicit override (dedup.semantic.cosine)"}
+        source = "override"
+    if not -1.0 <= float(th["dedup_cosine"]) <= 1.0:
+        raise DataError(where, None, "thresholds.dedup_cosine", f"{th['dedup_cosine']} is not a cosine in [-1, 1]")
+    lo, hi = th.get("mine_lo"), th.get("mine_hi")
+    if (lo is None) != (hi is None):
+        raise DataError(where, None, "thresholds.mine_lo" if lo is None else "thresholds.mine_hi",
+                        "the mining window needs both mine_lo and mine_hi")
+    if lo is not None and not float(lo) < float(hi):
+        raise DataError(where, None, "thresholds.mine_lo", f"mining window [{lo}, {hi}) is empty (lo >= hi)")
+    return {**th, "source": source}
+
+
+def load_rows(path: Path, roles, sources) -> tuple[list[dict], dict]:
+    """Rows of the text store that pass the role/source filters; duplicate ids and empty texts are
+    errors (a store whose ids repeat cannot say which text a cluster kept)."""
+    rows, seen, dropped = [], set(), 0
+    wanted = {"role": set(roles) if roles else None, "source": set(sources) if sources else None}
+    for lineno, row in enumerate(read_jsonl(path, required=("id", "text")), 1):
+        if not isinstance(row["text"], str) or not row["text"].strip():
+            raise DataError(path, lineno, "text", f"empty text for id {row['id']!r}")
+        if row["id"] in seen:
+            raise DataError(path, lineno, "id", f"duplicate id {row['id']!r}")
+        seen.add(row["id"])
+        for field, allowed in wanted.items():
+            if allowed is not None and field not in row:
+                raise DataError(path, lineno, field, f"missing, but dedup.{field}s filters on it "
+                                f"(pass dedup.{field}s=null to take every row)")
+        if all(allowed is None or row[field] in allowed for field, allowed in wanted.items()):
+            rows.append(row)
+        else:
+            dropped += 1
+    return rows, {"rows_read": len(seen), "rows_filtered_out": dropped,
+                  "roles": list(roles) if roles else None, "sources": list(sources) if sources else None}
+
+
+def _cluster_lines(stage: str, clusters: list[Cluster], ids: list[str], sim_to_kept) -> list[dict]:
+    return [{"stage": stage, "kept_id": ids[c.kept], "removed_ids": [ids[r] for r in c.removed],
+             "similarity_to_kept": [round(float(sim_to_kept(c.kept, r)), 4) for r in c.removed],
+             "min_edge_similarity": round(c.min_edge, 4)} for c in clusters]
+
+
+def _largest(clusters: list[Cluster], ids: list[str], texts: list[str], k: int = 10) -> list[dict]:
+    top = sorted(clusters, key=lambda c: (-c.size, c.kept))[:k]
+    return [{"kept_id": ids[c.kept], "size": c.size, "text": texts[c.kept][:80]} for c in top]
+
+
+def plot_nn_histogram(path: Path, nn: np.ndarray, threshold: float, title: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4))
+    ax.hist(nn, bins=100, color="steelblue")
+    ax.axvline(threshold, color="crimson", linestyle="--", label=f"dedup cosine {threshold:.3f}")
+    ax.set(xlabel="cosine to nearest neighbour", ylabel="texts", title=title)
+    ax.legend()
+    fig.tight_layout()
+    with atomic_open(path, "wb") as fh:
+        fig.savefig(fh, format="png", dpi=110)
+    plt.close(fig)
+
+
+def print_table(stats: dict) -> None:
+    print(f"{'dedup':<10}{'in':>10}{'out':>10}{'clusters':>10}{'removed':>10}{'seconds':>9}")
+    for name in stats["stage_order"]:
+        s = stats["stages"][name]
+        print(f"{name:<10}{s['in']:>10,}{s['out']:>10,}{s['clusters']:>10,}{s['in'] - s['out']:>10,}"
+              f"{s['seconds']:>9.1f}")
+
+
+def run(cfg: DictConfig) -> dict:
+    d = cfg.dedup
+    order = list(d.stages)
+    unknown = [s for s in order if s not in STAGES]
+    if unknown:
+        raise ValueError(f"dedup.stages: unknown {unknown}; choose from {list(STAGES)}")
+    src = Path(cfg.get("input") or Path(cfg.out_root) / "import" / "texts.jsonl")
+    out = Path(cfg.get("out") or Path(cfg.out_root) / "dedup")
+    semantic = "semantic" in order
+    thresholds = semantic_thresholds(cfg) if semantic else None  # refuse before any work
+
+    fp_config = {"dedup": OmegaConf.to_container(d, resolve=True), "input": str(src)}
+    if semantic:
+        fp_config["model"] = OmegaConf.to_container(cfg.model, resolve=True)
+        fp_config["weights"] = weights_digest(cfg.model.path)
+    fp = stage_cache.fingerprint([src], fp_config)
+    if not cfg.get("force") and (old := stage_cache.up_to_date(out, fp)):
+        print(f"dedup: inputs and config unchanged since the last run, skipped ({out}; force=true re-runs)")
+        return {**old, "skipped": True}
+
+    rows, read_stats = load_rows(src, d.roles, d.sources)
+    ids, texts = [r["id"] for r in rows], [r["text"] for r in rows]
+    normalise = Normalizer(**d.normalize)
+    normalised = [normalise(t) for t in texts]
+    alive = np.arange(len(rows))  # positions (in rows) still in play
+    stats: dict = {"input": str(src), "output": str(out), "fingerprint": fp, **read_stats,
+                   "stage_order": order, "stages": {}}
+    cluster_lines: list[dict] = []
+
+    def record(name, t0, clusters, sim_to_kept, extra=None):
+        nonlocal alive
+        local_ids, local_texts = [ids[i] for i in alive], [texts[i] for i in alive]
+        cluster_lines.extend(_cluster_lines(name, clusters, local_ids, sim_to_kept))
+        before = len(alive)
+        alive = alive[survivors(len(alive), clusters)]
+        stats["stages"][name] = {"in": before, "out": len(alive), "clusters": len(clusters),
+                                 "largest_clusters": _largest(clusters, local_ids, local_texts),
+                                 "seconds": round(time.perf_counter() - t0, 3), **(extra or {})}
+
+    for name in order:
+        t0 = time.perf_counter()
+        norm = [normalised[i] for i in alive]
+        if name == "exact":
+            record(name, t0, exact_clusters(norm), lambda a, b: 1.0)
+        elif name == "minhash":
+            m = d.minhash
+            res = minhash_pairs(norm, m.ngram, m.threshold, m.num_perm, m.target_recall, m.seed)
+            grid = np.round(np.arange(0.5, 1.0001, 0.05), 2)
+            record(name, t0, clusters_from_edges(len(norm), res.rows, res.cols, res.sims),
+                   lambda a, b: jaccard(shingles(norm[a], m.ngram), shingles(norm[b], m.ngram)),
+                   {"ngram": m.ngram, "threshold": m.threshold, "num_perm": m.num_perm, "bands": res.bands,
+                    "rows_per_band": res.rows_per_band, "candidate_pairs": res.candidates,
+                    "verified_pairs": len(res.sims),
+                    "s_curve": {f"{s:.2f}": round(float(p), 4) for s, p in zip(grid, s_curve(grid, res.bands,
+                                                                                                res.rows_per_band))},
+                    "p_candidate_at_threshold": round(float(s_curve(m.threshold, res.bands, res.rows_per_band)), 4)})
+        else:
+            record(name, t0, *_semantic(cfg, [texts[i] for i in alive], thresholds, out))
+
+    kept_rows = [rows[i] for i in alive]
+    stats.update(texts_in=len(rows), texts_out=len(kept_rows), thresholds=thresholds)
+    write_jsonl(out / "kept.jsonl", kept_rows)
+    write_jsonl(out / "clusters.jsonl", cluster_lines)
+    write_json(out / "stats.json", stats)
+    print_table(stats)
+    print(f"dedup: {len(rows):,} -> {len(kept_rows):,} texts; outputs in {out}")
+    return stats
+
+
+def _semantic(cfg: DictConfig, texts: list[str], thresholds: dict, out: Path):
+    """Encode (through the cache), search, cluster; returns record()'s arguments after t0."""
+    from care.encoders import build_encoder
+    from data_pipeline.dedup.semantic import EmbeddingCache, cosine_pairs, nearest_neighbour_cosine
+
+    s = cfg.dedup.semantic
+    encoder = build_encoder(cfg.model)
+    thresholds["encoder"] = {"name": encoder.name, "label": cfg.model.get("label"),
+                             "fingerprint": encoder.fingerprint, "path": str(cfg.model.path)}
+    cut = float(thresholds["dedup_cosine"])
+    extra = {"cosine": cut}
+    if len(texts) < 2:
+        return [], (lambda a, b: 1.0), {**extra, "note": "fewer than two texts: nothing to compare"}
+    t_enc = time.perf_counter()
+    if s.cache:
+        cache = EmbeddingCache(s.cache, encoder)
+        vectors = cache.encode(texts, batch_size=s.batch_size)
+        extra.update(cache_hits=cache.hits, encoded=cache.encoded)
+    else:
+        vectors = encoder.encode_documents(texts, batch_size=s.batch_size, show_progress=True).dense
+        extra.update(cache_hits=0, encoded=len(texts))
+    extra["encode_seconds"] = round(time.perf_counter() - t_enc, 3)
+    if extra["encoded"]:
+        extra["encode_texts_per_s"] = round(extra["encoded"] / max(extra["encode_seconds"], 1e-9), 1)
+    found = cosine_pairs(vectors, cut, s.search, s.topk, s.block)
+    nn = nearest_neighbour_cosine(vectors, s.block)
+    plot_nn_histogram(out / "nn_similarity.png", nn, cut,
+                      f"{encoder.name}: nearest-neighbour cosine of {len(texts):,} texts")
+    unit = vectors / np.linalg.norm(vectors, axis=1, keepdims=True)
+    extra.update(search=found.method, pairs=len(found.sims), saturated_rows=found.saturated,
+                 nn_cosine_quantiles={f"q{q}": round(float(np.quantile(nn, q / 100)), 4)
+                                      for q in (1, 5, 25, 50, 75, 95, 99)},
+                 nn_at_or_above_cut=int((nn >= cut).sum()))
+    clusters = clusters_from_edges(len(texts), found.rows, found.cols, found.sims)
+    return clusters, (lambda a, b: float(unit[a] @ unit[b])), extra

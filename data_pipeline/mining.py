@@ -1,0 +1,348 @@
+"""Stage "mine": hard negatives for every training example, from a similarity window.
+
+Reads the build stage's `examples.jsonl` / `texts.jsonl` / `leakage.json` (`mine.input_dir`) and the dedup
+stage's `clusters.jsonl`; writes `mine.out_dir`:
+    train.jsonl        {"query_id", "pos_ids", "neg_ids", "neg_scores", "rule", "fallback"}
+    texts.jsonl        {"id", "text"}: every text train.jsonl refers to
+    flag_train.jsonl   the same examples in FlagEmbedding's {"query", "pos", "neg", "neg_scores"}
+    leakage.json       the build stage's leakage report, carried along with the files it describes
+    stats.json         counts, timings, window, encoder name and fingerprint, the stage fingerprint
+    neg_similarity.png histogram of the neighbours' and the stored negatives' similarities, window marked
+
+The recipe (bge-m3-medical-cn, facts.md s.1): encode, take each query's top-K neighbours with FAISS
+(flat inner product over L2-normalised vectors; moved to the GPUs when faiss-gpu is installed), keep the
+candidates whose similarity s lies in [lo, hi): below lo they are easy, at or above hi they are likely
+unlabelled positives.  With `similarity: question` a candidate's similarity is that of its own question
+(the query of the example whose positive it is) to the query; with `document` it is the query's to the
+candidate itself.  Negatives are mined within a pool (build.rules' `pool`: answers, titles, questions),
+so an answer's negatives are answers.  Never a negative: a positive of the example, any positive of an
+example asking the same question (same id, same normalised text or same dedup cluster), a member of a
+positive's dedup cluster, a text equal to a positive after normalisation, a text dedup removed.
+Up to max_negatives are stored, most similar first.  Examples with fewer than min_negatives in the
+window are filled up by the fallback (nearest candidates below lo, then random ones below hi), and
+the number filled is stored per example.
+"""
+from __future__ import annotations
+
+import json
+import random
+import time
+from collections import defaultdict
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+from omegaconf import DictConfig, OmegaConf
+from tqdm.auto import tqdm
+
+from care.encoders import Encoder, build_encoder
+from care.encoders.base import weights_digest
+from care.evaluation.cache import EmbeddingCache
+from data_pipeline.build import export_flag
+from data_pipeline.dedup.clusters import clusters_from_edges
+from data_pipeline.dedup.normalize import Normalizer
+from data_pipeline.dedup.semantic import flat_index, unit_rows
+from data_pipeline.dedup.stage import ThresholdError
+from data_pipeline.io import DataError, atomic_open, read_jsonl, read_text_store, write_json, write_jsonl
+from data_pipeline.stage_cache import fingerprint, up_to_date
+
+SIMILARITY = ("question", "document")
+
+
+def mining_window(cfg: DictConfig) -> dict:
+    """[lo, hi) from mine.window (an explicit override) or the encoder's calibrated thresholds."""
+    model, override = cfg.model, cfg.mine.get("window")
+    where = f"model config '{model.get('name')}' (conf/model/{model.get('name')}.yaml)"
+    th = OmegaConf.to_container(model.thresholds, resolve=True) if model.get("thresholds") else {}
+    if override is not None:
+        lo, hi = (float(x) for x in override)
+        how = {"source": "explicit override (mine.window)", "calibrated_for": th.get("calibrated_for")}
+    else:
+        if th.get("mine_lo") is None or th.get("mine_hi") is None:
+            raise ThresholdError(
+                f"{where} has no thresholds.mine_lo/mine_hi. A mining window belongs to an encoder (facts.md s.4): "
+                f"calibrate it (python -m data_pipeline.dedup.calibrate model={model.get('name')}) and add it to the "
+                f"model's thresholds block, or pass mine.window=[LO,HI] to override explicitly.")
+        if th.get("calibrated_for") != model.get("name"):
+            raise ThresholdError(
+                f"{where}: thresholds.calibrated_for is {th.get('calibrated_for')!r}, not this encoder "
+                f"{model.get('name')!r}; a similarity window does not transfer between encoders. Re-calibrate, or "
+                f"pass mine.window=[LO,HI] to override explicitly.")
+        lo, hi = float(th["mine_lo"]), float(th["mine_hi"])
+        how = {"source": "model.thresholds", "calibrated_for": th["calibrated_for"]}
+    if not lo < hi:
+        field = "mine.window" if override is not None else "thresholds.mine_lo"
+        raise DataError(where if override is None else "mine config", None, field,
+                        f"mining window [{lo}, {hi}) is empty (lo >= hi)")
+    return {"lo": lo, "hi": hi, **how}
+
+
+def read_examples(path: Path, texts: dict[str, str]) -> list[dict]:
+    examples = []
+    for line, ex in enumerate(read_jsonl(path, ("query_id", "pos_ids", "pool")), 1):
+        for fld in ("query_id", "pos_ids"):
+            for tid in ex[fld] if fld == "pos_ids" else [ex[fld]]:
+                if tid not in texts:
+                    raise DataError(path, line, fld, f"unknown text id {tid!r} (not in the text store)")
+        if not ex["pos_ids"]:
+            raise DataError(path, line, "pos_ids", "an example with no positive")
+        examples.append(ex)
+    if not examples:
+        raise DataError(path, None, "query_id", "no training examples (no queries to mine for)")
+    return examples
+
+
+def read_clusters(path: Path | None) -> tuple[dict[str, int], set[str]]:
+    """(text id -> cluster number, ids the dedup stage removed).  A chain across dedup stages (a kept by
+    exact dedup, then merged into b by MinHash) is one cluster: connected components of kept-removed edges."""
+    if path is None:
+        return {}, set()
+    if not path.exists():
+        raise FileNotFoundError(f"{path} does not exist: run the dedup stage first, or pass mine.dedup_clusters=null "
+                                "to mine without excluding a positive's duplicates")
+    ids: dict[str, int] = {}
+    edges, removed = [], set()
+    for line, row in enumerate(read_jsonl(path, ("kept_id", "removed_ids")), 1):
+        kept = ids.setdefault(row["kept_id"], len(ids))
+        for r in row["removed_ids"]:
+            edges.append((kept, ids.setdefault(r, len(ids))))
+            removed.add(r)
+    names = list(ids)
+    cluster_of = {}
+    for n, c in enumerate(clusters_from_edges(len(names), *zip(*edges), [1.0] * len(edges)) if edges else []):
+        for pos in [c.kept, *c.removed]:
+            cluster_of[names[pos]] = n
+    return cluster_of, removed
+
+
+@dataclass
+class Mined:
+    neg_ids: list[str]
+    neg_scores: list[float]
+    fallback: int       # how many of the trailing negatives came from the fallback
+    in_window: int      # candidates the window held (before the max_negatives cut)
+
+
+class PoolMiner:
+    """Mines one pool.  `cand_owner[c]` lists the examples candidate c answers (question mode: c is an
+    example and its candidates are that example's positives; document mode: c is a text)."""
+
+    def __init__(self, examples: list[dict], texts: dict[str, str], cluster_of: dict[str, int],
+                 removed: set[str], similarity: str):
+        self.examples, self.similarity = examples, similarity
+        norm = Normalizer()
+        self.norm = {tid: norm(texts[tid]) for ex in examples for tid in [ex["query_id"], *ex["pos_ids"]]}
+        # Examples asking the same question: same query id, same normalised text, or same dedup cluster.
+        groups: dict[tuple, list[int]] = defaultdict(list)
+        for i, ex in enumerate(examples):
+            q = ex["query_id"]
+            for key in (("id", q), ("text", self.norm[q]), ("cluster", cluster_of.get(q))):
+                if key[1] is not None:
+                    groups[key].append(i)
+        self.same_question = [set() for _ in examples]
+        for members in groups.values():
+            for i in members:
+                self.same_question[i].update(members)
+        # Per example: ids and normalised texts that may never be its negatives.
+        members_of = defaultdict(set)
+        for tid, c in cluster_of.items():
+            members_of[c].add(tid)
+        self.removed = removed
+        self.excluded, self.excluded_text = [], []
+        for i, ex in enumerate(examples):
+            ids = set()
+            for j in self.same_question[i]:
+                ids.update(examples[j]["pos_ids"])
+            for p in ex["pos_ids"]:
+                if p in cluster_of:
+                    ids |= members_of[cluster_of[p]]
+            self.excluded.append(ids)
+            self.excluded_text.append({self.norm[p] for p in ids if p in self.norm})
+        if similarity == "question":
+            self.candidates = [ex["pos_ids"] for ex in examples]       # neighbour j offers j's positives
+        else:
+            self.docs = list(dict.fromkeys(p for ex in examples for p in ex["pos_ids"] if p not in removed))
+            self.candidates = [[d] for d in self.docs]
+
+    def allowed(self, i: int, j: int) -> bool:
+        return not (self.similarity == "question" and j in self.same_question[i])
+
+    def usable(self, i: int, tid: str) -> bool:
+        return (tid not in self.excluded[i] and tid not in self.removed
+                and self.norm.get(tid) not in self.excluded_text[i])
+
+    def mine(self, i: int, scores: np.ndarray, neighbours: np.ndarray, all_scores, lo: float, hi: float,
+             max_neg: int, min_neg: int, fallback: list[str], rng: random.Random) -> Mined:
+        """Example i, given its neighbours (descending scores; -1 = none) and `all_scores(i)`, its
+        similarity to every candidate (only computed when the random fallback is needed)."""
+        window, below, seen = [], [], set()
+        for s, j in zip(scores.tolist(), neighbours.tolist()):
+            if j < 0 or not self.allowed(i, j) or s >= hi:
+                continue
+            for tid in self.candidates[j]:
+                if tid not in seen and self.usable(i, tid):
+                    seen.add(tid)
+                    (window if s >= lo else below).append((tid, s))
+        negs, in_window = window[:max_neg], len(window)
+        filled = 0
+        if len(negs) < min_neg and "below" in fallback:
+            extra = below[:min_neg - len(negs)]
+            negs, filled = negs + extra, filled + len(extra)
+        if len(negs) < min_neg and "random" in fallback:
+            sims = all_scores(i)
+            order = np.flatnonzero(sims < hi).tolist()
+            rng.shuffle(order)
+            for j in order:
+                if len(negs) >= min_neg:
+                    break
+                if not self.allowed(i, j):
+                    continue
+                for tid in self.candidates[j]:
+                    if len(negs) < min_neg and tid not in seen and self.usable(i, tid):
+                        seen.add(tid)
+                        negs.append((tid, float(sims[j])))
+                        filled += 1
+        return Mined([t for t, _ in negs], [float(s) for _, s in negs], filled, in_window)
+
+
+def encode(encoder: Encoder, texts: list[str], side: str, batch_size: int, cache: EmbeddingCache | None) -> np.ndarray:
+    fn = encoder.encode_queries if side == "query" else encoder.encode_documents
+
+    def run(batch: list[str]):
+        return fn(batch, batch_size=batch_size, show_progress=True)
+
+    emb = cache.get(encoder.fingerprint, side, ("dense",), texts, run) if cache else run(texts)
+    return unit_rows(emb.dense)  # cosine, whatever the encoder's own normalisation (CARE truncates after it)
+
+
+def mine_pool(examples: list[dict], texts: dict[str, str], encoder: Encoder, cluster_of: dict[str, int],
+              removed: set[str], opts: dict, window: dict, cache: EmbeddingCache | None, timing: dict) -> tuple:
+    """Negatives for every example of one pool, and every top-K neighbour similarity (for the histogram)."""
+    miner = PoolMiner(examples, texts, cluster_of, removed, opts["similarity"])
+    t0 = time.perf_counter()
+    queries = encode(encoder, [texts[ex["query_id"]] for ex in examples], "query", opts["batch_size"], cache)
+    if opts["similarity"] == "question":
+        cands = queries
+    else:
+        cands = encode(encoder, [texts[d] for d in miner.docs], "doc", opts["batch_size"], cache)
+    t1 = time.perf_counter()
+    # +1: in question mode the query is its own nearest neighbour, skipped as "same question".
+    k = min(opts["top_k"] + (opts["similarity"] == "question"), len(cands))
+    index, _ = flat_index(cands)
+    scores, neighbours = index.search(queries, k)
+    t2 = time.perf_counter()
+    rng = random.Random(opts["seed"])
+    mined = [miner.mine(i, scores[i], neighbours[i], lambda i: cands @ queries[i], window["lo"], window["hi"], opts["max_negatives"],
+                        opts["min_negatives"], list(opts["fallback"]), rng)
+             for i in tqdm(range(len(examples)), desc=f"mine: {examples[0]['pool']}", unit="query", mininterval=2)]
+    timing["encode"] += t1 - t0
+    timing["search"] += t2 - t1
+    timing["select"] += time.perf_counter() - t2
+    return mined, scores[neighbours >= 0]
+
+
+def plot_histogram(path: Path, neighbour_sims: np.ndarray, kept: list[float], filled: list[float],
+                   window: dict, title: str, bins: int) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    lo, hi = window["lo"], window["hi"]
+    span = np.concatenate([neighbour_sims, [lo, hi]])
+    edges = np.linspace(max(span.min() - 0.02, -1.0), min(span.max() + 0.02, 1.0), bins + 1)
+    ax.hist(neighbour_sims, bins=edges, color="0.75", label=f"top-K neighbours ({len(neighbour_sims):,})")
+    ax.hist(kept, bins=edges, color="tab:blue", alpha=0.8, label=f"stored negatives in the window ({len(kept):,})")
+    if filled:
+        ax.hist(filled, bins=edges, color="tab:orange", alpha=0.8, label=f"fallback negatives ({len(filled):,})")
+    ax.axvspan(lo, hi, color="tab:red", alpha=0.08)
+    ax.axvline(lo, color="tab:red", linestyle="--", label=f"window [{lo:g}, {hi:g})")
+    ax.axvline(hi, color="tab:red", linestyle="--")
+    ax.set_yscale("log")
+    ax.set_xlabel("similarity to the query (cosine)")
+    ax.set_ylabel("count")
+    ax.set_title(title, fontsize=10)
+    ax.legend(fontsize=8, loc="upper left")
+    fig.tight_layout()
+    with atomic_open(path, "wb") as fh:
+        fig.savefig(fh, format="png", dpi=110)
+    plt.close(fig)
+
+
+def run(cfg: DictConfig) -> dict:
+    opts = OmegaConf.to_container(cfg.mine, resolve=True)
+    if opts["similarity"] not in SIMILARITY:
+        raise ValueError(f"mine.similarity must be one of {SIMILARITY}, not {opts['similarity']!r}")
+    window = mining_window(cfg)
+    in_dir, out_dir = Path(opts["input_dir"]), Path(opts["out_dir"])
+    clusters_path = Path(opts["dedup_clusters"]) if opts.get("dedup_clusters") else None
+    inputs = [in_dir / "examples.jsonl", in_dir / "texts.jsonl", in_dir / "leakage.json",
+              *([clusters_path] if clusters_path else [])]
+    model = OmegaConf.to_container(cfg.model, resolve=True)
+    fp = fingerprint(inputs, {"mine": opts, "window": window, "model": model, "weights": weights_digest(model["path"])})
+    if not cfg.get("force") and (old := up_to_date(out_dir, fp)):
+        print(f"mine: inputs, encoder and config unchanged, skipped ({out_dir})")
+        return {**old, "skipped": True}
+
+    t0 = time.perf_counter()
+    texts = read_text_store(in_dir / "texts.jsonl")
+    examples = read_examples(in_dir / "examples.jsonl", texts)
+    cluster_of, removed = read_clusters(clusters_path)
+    encoder = build_encoder(cfg.model)
+    cache = EmbeddingCache(opts["cache"]) if opts.get("cache") else None
+    timing = {"encode": 0.0, "search": 0.0, "select": 0.0}
+    pools: dict[str, list[int]] = defaultdict(list)  # pool -> positions in examples
+    for i, ex in enumerate(examples):
+        pools[ex["pool"]].append(i)
+    mined: list[Mined | None] = [None] * len(examples)
+    neighbour_sims, per_pool = [], {}
+    for pool, members in pools.items():
+        result, sims = mine_pool([examples[i] for i in members], texts, encoder, cluster_of, removed, opts,
+                                 window, cache, timing)
+        neighbour_sims.append(sims)
+        for i, m in zip(members, result):
+            mined[i] = m
+        per_pool[pool] = {"examples": len(members),
+                          "short_before_fallback": sum(m.in_window < opts["min_negatives"] for m in result)}
+    rows = []
+    for ex, m in zip(examples, mined):
+        rows.append({"query_id": ex["query_id"], "pos_ids": ex["pos_ids"], "neg_ids": m.neg_ids,
+                     "neg_scores": m.neg_scores, "rule": ex.get("rule"), "fallback": m.fallback})
+    used = dict.fromkeys(t for r in rows for t in [r["query_id"], *r["pos_ids"], *r["neg_ids"]])
+    write_jsonl(out_dir / "texts.jsonl", ({"id": t, "text": texts[t]} for t in used))
+    write_jsonl(out_dir / "train.jsonl", rows)
+    export_flag(out_dir / "train.jsonl", out_dir / "texts.jsonl", out_dir / "flag_train.jsonl")
+    write_json(out_dir / "leakage.json", json.loads((in_dir / "leakage.json").read_text("utf-8")))
+
+    kept_scores = [s for m in mined for s in m.neg_scores[:len(m.neg_scores) - m.fallback]]
+    filled_scores = [s for m in mined for s in m.neg_scores[len(m.neg_scores) - m.fallback:]]
+    n_negs = np.array([len(m.neg_ids) for m in mined])
+    seconds = {k: round(v, 2) for k, v in timing.items()} | {"total": round(time.perf_counter() - t0, 2)}
+    stats = {
+        "stage": "mine", "fingerprint": fp, "examples": len(rows), "texts": len(used),
+        "encoder": {"name": cfg.model.get("name"), "label": cfg.model.get("label"), "fingerprint": encoder.fingerprint},
+        "window": window, "similarity": opts["similarity"], "top_k": opts["top_k"],
+        "max_negatives": opts["max_negatives"], "min_negatives": opts["min_negatives"], "fallback": opts["fallback"],
+        "pools": per_pool,
+        "negatives": {"total": int(n_negs.sum()), "per_example_mean": round(float(n_negs.mean()), 2),
+                      "per_example_min": int(n_negs.min()), "per_example_max": int(n_negs.max()),
+                      "in_window": len(kept_scores), "fallback": len(filled_scores)},
+        "examples_short_before_fallback": sum(m.in_window < opts["min_negatives"] for m in mined),
+        "examples_with_fallback": sum(m.fallback > 0 for m in mined),
+        "examples_short_after_fallback": int((n_negs < opts["min_negatives"]).sum()),
+        "dedup_clusters": str(clusters_path) if clusters_path else None,
+        "dedup_texts_clustered": len(cluster_of), "dedup_texts_removed": len(removed),
+        "embedding_cache": {"hits": cache.hits, "misses": cache.misses} if cache else None,
+        "seconds": seconds, "queries_per_s": round(len(rows) / max(seconds["total"], 1e-9), 1),
+    }
+    write_json(out_dir / "stats.json", stats)
+    title = (f"{cfg.model.get('label') or cfg.model.get('name')}: {opts['similarity']} similarity\n"
+             f"window [{window['lo']:g}, {window['hi']:g}) from {window['source']}")
+    plot_histogram(out_dir / "neg_similarity.png", np.concatenate(neighbour_sims), kept_scores, filled_scores,
+                   window, title, opts["histogram_bins"])
+    print(f"mine: {len(rows):,} examples, {stats['negatives']['total']:,} negatives "
+          f"({stats['negatives']['per_example_mean']} per example); {stats['examples_short_before_fallback']:,} had "
+          f"fewer than {opts['min_negatives']} in [{window['lo']:g}, {window['hi']:g}) and got the fallback; "
+          f"{seconds['total']} s -> {out_dir}")
+    return stats

@@ -1,0 +1,223 @@
+"""Evaluate models on a benchmark: per-task scores, the benchmark Avg, efficiency, a table and a plot.
+
+    python evaluate.py                          multilingual-e5-small on the open CMedTEB stand-in (+ cMedQA2)
+    python evaluate.py model=tiny_m3            any conf/model/*.yaml
+    python evaluate.py ckpt=outputs/train/run   a checkpoint folder, or a folder of several (side by side)
+    python evaluate.py benchmark=cmedteb benchmark.tasks.cmed_v1.path=...   your own CMedTEB / C-MTEB copy
+    python evaluate.py baselines=[]             no baseline rows (default: BM25 and zero-shot me5-small)
+
+Every model runs through the same task runners (care.evaluation.tasks) via the Encoder interface, with
+embeddings cached on disk (a re-run encodes nothing).  Outputs go to `out_dir` (outputs/eval/<run>/):
+<model>/<benchmark>/<task>.json, summary.json, summary.md (printed) and slots.png.
+"""
+from __future__ import annotations
+
+import gc
+import json
+import re
+import sys
+import time
+from pathlib import Path
+
+import hydra
+from omegaconf import DictConfig, OmegaConf
+from tqdm.auto import tqdm
+
+import care  # noqa: F401  (registers the ${paths:...} resolver)
+from care.encoders import build_encoder
+from care.evaluation import efficiency
+from care.evaluation.benchmarks import load_benchmark, resolve_paths, run_task
+from care.evaluation.benchmarks import average as benchmark_average
+from care.evaluation.bm25 import BM25Scorer
+from care.evaluation.cache import EmbeddingCache
+from care.evaluation.report import write_summary
+from care.evaluation.tasks import EncoderScorer, load_task
+from care.paths import PROJECT_ROOT
+from data_pipeline import benchmarks as builders
+from data_pipeline.io import DataError, write_json
+
+HEAD_FILES = ("colbert_linear.pt", "sparse_linear.pt")  # FlagEmbedding's M3 checkpoint (care.models.m3)
+
+
+# ---- which models ----------------------------------------------------------------------------------------
+
+def _checkpoint_config(folder: Path, model_cfg: dict) -> dict | None:
+    """The model config to build `folder` with, or None when it is no model folder."""
+    if (folder / "care_training.json").is_file():  # train.py's final/ folder records its own model config
+        return {**json.loads((folder / "care_training.json").read_text(encoding="utf-8"))["model"],
+                "path": str(folder)}
+    if all((folder / f).is_file() for f in HEAD_FILES):
+        return {**model_cfg, "kind": "m3", "path": str(folder)}
+    if (folder / "config.json").is_file():
+        return {**model_cfg, "path": str(folder)}
+    return None
+
+
+def checkpoint_models(ckpt: str, model_cfg: dict) -> list[tuple[str, dict]]:
+    """(row name, model config) for a checkpoint folder, or for each checkpoint folder inside it."""
+    path = Path(ckpt).expanduser().resolve()
+    if not path.is_dir():
+        raise FileNotFoundError(f"ckpt={ckpt}: {path} is not a folder")
+    if (own := _checkpoint_config(path, model_cfg)) is not None:
+        return [(path.name, own)]
+    found = [(f"{path.name}/{sub.name}", c) for sub in sorted(path.iterdir())
+             if sub.is_dir() and (c := _checkpoint_config(sub, model_cfg)) is not None]
+    if not found:
+        hint = (" It holds state.pt: that is a training-resume checkpoint; evaluate the run's final/ or best/ folder."
+                if (path / "state.pt").exists() else "")
+        raise ValueError(f"ckpt={ckpt}: {path} is not a model checkpoint (no config.json, care_training.json or "
+                         f"M3 head files) and holds no checkpoint folders.{hint}")
+    return found
+
+
+def _model_file(name: str) -> dict:
+    path = PROJECT_ROOT / "conf" / "model" / f"{name}.yaml"
+    if not path.is_file():
+        known = ", ".join(sorted(p.stem for p in path.parent.glob("*.yaml")))
+        raise FileNotFoundError(f"baseline {name!r}: no conf/model/{name}.yaml (known: bm25, {known})")
+    return OmegaConf.to_container(OmegaConf.load(path), resolve=True)
+
+
+def model_entries(cfg: dict) -> list[dict]:
+    """The rows of the table: the model(s) under test, then the baselines not already among them."""
+    if cfg.get("ckpt"):
+        entries = [{"name": name, "label": name, "model": c} for name, c in checkpoint_models(cfg["ckpt"], cfg["model"])]
+    else:
+        entries = [{"name": cfg["model"]["name"], "label": cfg["model"].get("label", cfg["model"]["name"]),
+                    "model": cfg["model"]}]
+    for name in cfg.get("baselines") or []:
+        if name == "bm25":
+            entries.append({"name": "bm25", "label": "BM25 (bm25s + jieba)", "bm25": True, "baseline": True})
+            continue
+        model = _model_file(name)
+        twin = next((e for e in entries if "model" in e and _identity(e["model"]) == _identity(model)), None)
+        if twin is not None:  # the model under test is this baseline: one row, labelled as both
+            twin["label"] += " [zero-shot baseline]"
+            continue
+        entries.append({"name": name, "label": f"{model.get('label', name)} [zero-shot baseline]", "model": model,
+                        "baseline": True})
+    return entries
+
+
+def _identity(model: dict) -> tuple:
+    return tuple(str(model.get(k)) for k in ("kind", "path", "pooling", "query_prefix", "doc_prefix"))
+
+
+def build_scorer(entry: dict, cfg: dict, cache: EmbeddingCache):
+    if entry.get("bm25"):
+        return BM25Scorer(**cfg["bm25"], name=entry["name"], label=entry["label"])
+    model = dict(entry["model"])
+    if cfg.get("max_length"):
+        model["max_length"] = min(int(model.get("max_length", 512)), int(cfg["max_length"]))
+    encoder = build_encoder(model, device=cfg.get("device"))
+    return EncoderScorer(encoder, cache, batch_size=cfg["batch_size"], heads=cfg.get("heads"),
+                         hybrid_weights=cfg["hybrid_weights"], rerank_depth=cfg["rerank_depth"], label=entry["label"])
+
+
+# ---- the run ---------------------------------------------------------------------------------------------
+
+def load_benchmarks(cfg: dict) -> list[tuple]:
+    """[(benchmark, [(task spec, task data)])]; stand-in files are built first when missing or stale."""
+    loaded = []
+    for where in ("benchmark", "extra_benchmark"):
+        if not cfg.get(where):
+            continue
+        bench = load_benchmark(cfg[where], where)
+        if bench.build:
+            builders.build(bench.build, cfg["data"], cfg["data_out_root"])
+        specs = resolve_paths(bench, where)
+        bench.tasks = specs
+        tasks = []
+        for spec in tqdm(specs, desc=f"load {bench.name}", unit="task"):
+            tasks.append((spec, load_task(spec.type, spec.path, spec.split, spec.reader, spec.reader_options)))
+        loaded.append((bench, tasks))
+    return loaded
+
+
+def _slug(text: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_.-]+", "_", text).strip("_") or "model"
+
+
+def evaluate_model(entry: dict, scorer, loaded: list[tuple], cfg: dict, out: Path) -> dict:
+    scores, details = {}, {}
+    for bench, tasks in loaded:
+        primary = {}
+        for spec, data in tasks:
+            start = time.perf_counter()
+            try:
+                per_method = run_task(spec, data, scorer, depth=cfg["depth"], seed=cfg["seed"])
+            except FloatingPointError as e:
+                raise FloatingPointError(f"task {bench.name}/{spec.key} ({spec.path}), model {entry['name']}: {e}") from None
+            method = cfg["table_method"] if cfg["table_method"] in per_method else scorer.methods[0]
+            primary[spec.key] = per_method[method][spec.primary]
+            record = {
+                "benchmark": bench.name, "task": spec.key, "slot": spec.slot, "type": spec.type,
+                "open_stand_in": bench.open_stand_in, "source": spec.source, "path": spec.path, "split": spec.split,
+                "model": entry["label"], "fingerprint": scorer.fingerprint, "table_method": method,
+                "primary": spec.primary, "value": 100 * primary[spec.key], "scores": per_method,
+                "counts": {k: v for k, v in data.counts.items() if k != "read"}, "reader": data.counts.get("read"),
+                "seconds": round(time.perf_counter() - start, 2)}
+            write_json(out / _slug(entry["name"]) / bench.name / f"{spec.key}.json", record)
+            details[f"{bench.name}/{spec.key}"] = per_method
+            if spec.slot:
+                scores[f"{bench.name}/{spec.key}"] = 100 * primary[spec.key]
+            else:
+                for m in spec.metrics:
+                    scores[f"{bench.name}/{spec.key}/{m}"] = 100 * per_method[method][m]
+        avg = benchmark_average(bench, primary)
+        if avg is not None:
+            scores[f"{bench.name}/avg"] = avg
+    return {"name": entry["name"], "label": entry["label"], "fingerprint": scorer.fingerprint,
+            "baseline": bool(entry.get("baseline")), "scores": scores, "methods": details}
+
+
+def efficiency_texts(loaded: list[tuple], cfg: dict) -> tuple[list[str], list[str]] | None:
+    e = cfg["efficiency"]
+    if not e.get("enabled", True) or not loaded:
+        return None
+    for spec, data in loaded[0][1]:
+        if spec.key == e["task"] and data.queries:
+            return list(data.queries.values())[: e["queries"]], list(data.docs.values())[: e["docs"]]
+    return None
+
+
+def evaluate(cfg: DictConfig | dict) -> dict:
+    cfg = OmegaConf.to_container(cfg, resolve=True) if isinstance(cfg, DictConfig) else cfg
+    out = Path(cfg["out_dir"])
+    run = out.name
+    start = time.perf_counter()
+    entries = model_entries(cfg)
+    loaded = load_benchmarks(cfg)
+    cache = EmbeddingCache(cfg["cache"]["dir"], enabled=cfg["cache"]["enabled"])
+    timing_texts = efficiency_texts(loaded, cfg)
+    rows = []
+    for entry in entries:
+        t0 = time.perf_counter()
+        scorer = build_scorer(entry, cfg, cache)
+        row = evaluate_model(entry, scorer, loaded, cfg, out)
+        row["efficiency"] = efficiency.measure(scorer, *timing_texts) if timing_texts else {}
+        row["seconds"] = round(time.perf_counter() - t0, 1)
+        rows.append(row)
+        del scorer
+        gc.collect()
+    settings = {"max_length": cfg.get("max_length"), "batch_size": cfg["batch_size"], "depth": cfg["depth"],
+                "table_method": cfg["table_method"], "cache": cfg["cache"]["enabled"],
+                "embeddings_encoded": cache.misses, "embeddings_from_cache": cache.hits,
+                "seconds": round(time.perf_counter() - start, 1)}
+    table = write_summary(out, run, [b for b, _ in loaded], rows, settings)
+    print(table)
+    print(f"written to {out}")
+    return {"out_dir": str(out), "rows": rows, "settings": settings, "table": table}
+
+
+@hydra.main(config_path="conf", config_name="evaluate", version_base="1.3")
+def main(cfg: DictConfig) -> None:
+    try:
+        evaluate(cfg)
+    except (DataError, FileNotFoundError, ValueError, KeyError, FloatingPointError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    main()

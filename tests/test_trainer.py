@@ -1,0 +1,269 @@
+"""The training data, the loop on accelerate and train.py (tiny models, tiny real training files in tmp_path)."""
+from __future__ import annotations
+
+import csv
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from torch.utils.data import DataLoader
+
+from care.config import CONF_DIR as CONF
+from care.config import load_config
+from care.models.m3 import M3Encoder, M3Model, tiny_m3
+from care.paths import PROJECT_ROOT as ROOT
+from care.training.data import EpochSampler, TrainingGroups, collate_groups
+from care.training.trainer import Trainer, dev_metric
+from data_pipeline.io import DataError, read_jsonl, write_jsonl
+
+# Tiny models run fastest on one thread; two threads on a busy 2-core machine run ~15x slower.
+torch.set_num_threads(1)
+
+
+def make_training_files(root: Path, shared: Path, n_questions: int = 48, n_negs: int = 6, seed: int = 0):
+    """Real cEpilepsyQA questions with their own answers as positives and, as negatives, answers of other
+    questions (random, seeded): the id-referencing layout of design.md.  Returns (texts, train) paths."""
+    folder = shared / "cepilepsyqa"
+    with open(folder / "question.csv", encoding="utf-8-sig") as fh:
+        questions = [r for _, r in zip(range(n_questions), csv.DictReader(fh))]
+    wanted = {q["question_id"] for q in questions}
+    answers: dict[str, list[dict]] = {}
+    with open(folder / "answer.csv", encoding="utf-8-sig") as fh:
+        for r in csv.DictReader(fh):
+            if r["question_id"] in wanted:
+                answers.setdefault(r["question_id"], []).append(r)
+    questions = [q for q in questions if q["question_id"] in answers]
+    texts = [{"id": f"q{q['question_id']}", "text": q["content"]} for q in questions]
+    texts += [{"id": f"a{a['ans_id']}", "text": a["content"]} for q in questions for a in answers[q["question_id"]]]
+    rng = np.random.default_rng(seed)
+    examples = []
+    for q in questions:
+        pos = [f"a{a['ans_id']}" for a in answers[q["question_id"]]]
+        others = [t["id"] for t in texts if t["id"].startswith("a") and t["id"] not in pos]
+        negs = [str(x) for x in rng.choice(others, n_negs, replace=False)]
+        examples.append({"query_id": f"q{q['question_id']}", "pos_ids": pos, "neg_ids": negs,
+                         "neg_scores": [round(float(s), 3) for s in rng.uniform(0.5, 0.8, n_negs)]})
+    write_jsonl(root / "texts.jsonl", texts)
+    write_jsonl(root / "train.jsonl", examples)
+    return root / "texts.jsonl", root / "train.jsonl"
+
+
+@pytest.fixture()
+def train_files(tmp_path, shared):
+    return make_training_files(tmp_path, shared)
+
+
+# ---------------------------------------------------------------- data
+
+def test_unknown_id_names_file_line_and_field(train_files):
+    texts, train = train_files
+    lines = train.read_text(encoding="utf-8").splitlines()
+    bad = json.loads(lines[2])
+    bad["neg_ids"][1] = "no-such-id"
+    # a blank line before the bad row: the reported line must be the file's line, not the row count
+    train.write_text("\n".join(lines[:2] + ["", json.dumps(bad)] + lines[3:]) + "\n", encoding="utf-8")
+    with pytest.raises(DataError) as err:
+        TrainingGroups(texts, train, group_size=4)
+    assert err.value.path == str(train) and err.value.line == 4 and err.value.field == "neg_ids"
+    assert "no-such-id" in str(err.value) and str(train) in str(err.value)
+
+    bad = json.loads(lines[0])
+    bad["query_id"] = "q-missing"
+    train.write_text("\n".join([json.dumps(bad)] + lines[1:]) + "\n", encoding="utf-8")
+    with pytest.raises(DataError, match=r"line 1, field 'query_id'.*q-missing"):
+        TrainingGroups(texts, train)
+
+
+def _groups(loader) -> dict[str, list[str]]:
+    """query text -> its group of passage texts, over one pass of a loader."""
+    out = {}
+    for batch in loader:
+        g = len(batch["passages"]) // len(batch["queries"])
+        for i, q in enumerate(batch["queries"]):
+            out[q] = batch["passages"][i * g:(i + 1) * g]
+    return out
+
+
+def test_sampling_depends_only_on_seed_epoch_and_index(train_files):
+    from accelerate.data_loader import prepare_data_loader
+
+    texts, train = train_files
+    data = TrainingGroups(texts, train, group_size=4, seed=7)
+
+    def loader(epoch, workers=0):
+        sampler = EpochSampler(len(data), seed=7)
+        sampler.set_epoch(epoch)
+        return DataLoader(data, batch_size=8, sampler=sampler, collate_fn=collate_groups, drop_last=True,
+                          num_workers=workers)
+
+    one = _groups(loader(1))
+    assert _groups(loader(1, workers=2)) == one
+    # two processes, each its shard of the same global order (accelerate's own sharding; its loader
+    # re-sets the sampler's epoch from its own counter on every pass, so the trainer sets it there too)
+    shards = []
+    for p in range(2):
+        shard = prepare_data_loader(loader(1), num_processes=2, process_index=p, put_on_device=False)
+        shard.set_epoch(1)
+        shards.append(_groups(shard))
+    assert {**shards[0], **shards[1]} == one and not set(shards[0]) & set(shards[1])
+    # an independent check of the contract: each group = 1 positive + 3 distinct negatives of its example
+    by_query = {data.texts[e["query_id"]]: e for e in data.examples}
+    for q, group in one.items():
+        ex = by_query[q]
+        assert group[0] in {data.texts[p] for p in ex["pos_ids"]}
+        negs = {data.texts[n] for n in ex["neg_ids"]}
+        assert len(set(group[1:])) == 3 and set(group[1:]) <= negs
+    # another epoch: another order and other negatives
+    other = _groups(loader(2))
+    assert other != one
+
+
+def test_fallbacks_when_negatives_are_short(train_files, tmp_path):
+    texts, train = train_files
+    rows = [json.loads(x) for x in train.read_text(encoding="utf-8").splitlines()]
+    rows[0]["neg_ids"], rows[0]["neg_scores"] = rows[0]["neg_ids"][:2], rows[0]["neg_scores"][:2]
+    rows[1]["neg_ids"], rows[1]["neg_scores"] = [], []
+    write_jsonl(train, rows)
+    data = TrainingGroups(texts, train, group_size=6)
+    assert data.stats["short_of_negatives"] == 1 and data.stats["without_negatives"] == 1
+    q0, g0 = data.group_ids(0, 0)
+    assert len(g0) == 6 and set(g0[1:]) == set(rows[0]["neg_ids"])  # own 2 negatives, repeated
+    q1, g1 = data.group_ids(0, 1)
+    assert len(g1) == 6 and not set(g1[1:]) & set(rows[1]["pos_ids"]) and all(x in data.texts for x in g1)
+    # group size 1: in-batch negatives only, never a hard negative
+    plain = TrainingGroups(texts, train, group_size=1)
+    assert all(len(plain.group_ids(0, i)[1]) == 1 for i in range(len(plain)))
+
+
+def train_config(root: Path, texts: Path, train: Path, run: str, *extra: str):
+    """The real conf/train.yaml with a tiny M3 model (dropout on) and the tiny files; no validation."""
+    model_dir = root / "tiny-m3"
+    if not model_dir.exists():
+        tiny_m3().save(model_dir)
+    return load_config("train", [
+        "model=tiny_m3", f"model.path={model_dir}", f"data.texts={texts}", f"data.examples={train}",
+        f"output_dir={root / run}", "validation.task=null", "trainer.batch_size=8", "trainer.group_size=3",
+        "trainer.chunk_size=8", "trainer.query_max_length=32", "trainer.passage_max_length=48",
+        "trainer.lr=5e-4", "trainer.warmup_ratio=0.1", *extra])
+
+
+# ---------------------------------------------------------------- the loop
+
+def test_loss_decreases_on_a_tiny_model(tmp_path, shared):
+    texts, train = make_training_files(tmp_path, shared, n_questions=16)
+    cfg = train_config(tmp_path, texts, train, "run", "trainer.epochs=6", "trainer.lr=1e-3",
+                       "trainer.checkpoint_every=100")
+    summary = Trainer(cfg).fit()
+    rows = [r for r in read_jsonl(tmp_path / "run" / "metrics.jsonl") if "loss/loss" in r]
+    assert summary["step"] == len(rows) == 12  # 16 examples / 8 a batch x 6 epochs
+    losses = [r["loss/loss"] for r in rows]
+    assert np.mean(losses[-4:]) < 0.7 * np.mean(losses[:4]), losses
+    for head in ("dense", "sparse", "colbert"):  # every head learns, not only the sum
+        assert rows[-1][f"loss/{head}"] < rows[0][f"loss/{head}"]
+    # warmup (10% of 12 steps = 2) then cosine decay to 0: transformers' schedule, checked by its formula
+    lrs = [r["lr"] for r in rows]
+    expected = [1e-3 * (s / 2 if s < 2 else 0.5 * (1 + np.cos(np.pi * (s - 2) / 10))) for s in range(1, 13)]
+    np.testing.assert_allclose(lrs, expected, atol=1e-12)
+    assert all(r["examples_per_s"] > 0 and r["memory_mb"] > 0 for r in rows)
+    assert (tmp_path / "run" / "curves.png").stat().st_size > 0
+
+
+def test_early_stopping_keeps_the_best_weights(tmp_path, shared):
+    texts, train = make_training_files(tmp_path, shared, n_questions=16)
+    dev = tmp_path / "dev.jsonl"
+    cfg = train_config(tmp_path, texts, train, "run", "trainer.epochs=5", f"validation.task={dev}",
+                       "validation.max_queries=3", "validation.every_steps=1", "validation.patience=2",
+                       "validation.min_delta=1.0")  # nothing can improve MAP by 1.0: stop at the 2nd check
+    summary = Trainer(cfg).fit()
+    assert summary["stop_reason"] == "early_stopping" and summary["step"] == 2 and summary["best_step"] == 0
+    rows = list(read_jsonl(dev))  # built from the shared cEpilepsyQA dev split on first use
+    assert len(rows) == 490 and all(r["positive"] and r["negative"] for r in rows)
+    vals = [r for r in read_jsonl(tmp_path / "run" / "metrics.jsonl") if "val/map_cut_10" in r]
+    assert [r["step"] for r in vals] == [0, 1, 2] and all(0 <= r["val/map_cut_10"] <= 1 for r in vals)
+    # final = the step-0 weights (the best), not the trained ones
+    start, final = M3Model.load(tmp_path / "tiny-m3"), M3Model.load(tmp_path / "run" / "final")
+    assert all(torch.equal(a, b) for a, b in zip(start.state_dict().values(), final.state_dict().values()))
+    info = json.loads((tmp_path / "run" / "final" / "care_training.json").read_text(encoding="utf-8"))
+    assert info["weights"] == "best (step 0)" and info["model"]["kind"] == "m3"
+
+
+def test_dev_metric_matches_an_independent_reranking(tmp_path, shared):
+    """The validation metric against a reference: dense scores by hand and pytrec_eval's map_cut_10."""
+    import pytrec_eval
+
+    texts, train = make_training_files(tmp_path, shared, n_questions=8)
+    dev = tmp_path / "dev.jsonl"
+    cfg = train_config(tmp_path, texts, train, "run", f"validation.task={dev}", "validation.max_queries=4")
+    model = M3Model.load(tmp_path / "tiny-m3").eval()
+    got = dev_metric(model, cfg)
+    rows = list(read_jsonl(dev))[:4]
+    run, qrels = {}, {}
+    for i, r in enumerate(rows):
+        cands = list(dict.fromkeys(r["positive"] + r["negative"]))
+        with torch.no_grad():
+            def enc(t):
+                b = model.tokenizer(t, padding=True, truncation=True, max_length=48, return_tensors="pt")
+                return model(**b)["dense"]
+            s = (enc([r["query"]]) @ enc(cands).T)[0].tolist()
+        run[str(i)] = {f"d{j}": float(np.float32(x)) for j, x in enumerate(s)}
+        qrels[str(i)] = {f"d{j}": 1 for j, c in enumerate(cands) if c in r["positive"]}
+    ref = pytrec_eval.RelevanceEvaluator(qrels, {"map_cut"}).evaluate(run)
+    assert got == pytest.approx(np.mean([v["map_cut_10"] for v in ref.values()]), abs=1e-5)
+
+
+# ---------------------------------------------------------------- configs and train.py
+
+@pytest.mark.parametrize("name", sorted(p.stem for p in (CONF / "experiment").glob("*.yaml")))
+def test_every_experiment_composes(name):
+    cfg = load_config("train", [f"experiment={name}"])
+    assert cfg.experiment_name == name and cfg.run_name.startswith(name)
+    assert cfg.trainer.batch_size > 0 and cfg.trainer.group_size >= 1 and cfg.loss.temperature.dense > 0
+    if name == "bge_m3_medical_cn":  # the source recipe, facts.md s.1
+        t = cfg.trainer
+        assert cfg.model.name == "bge_m3" and t.batch_size * t.group_size == 1280 and t.lr == 1e-5
+        assert t.warmup_ratio == 0.01 and t.mixed_precision == "bf16" and cfg.validation.patience > 0
+        assert dict(cfg.loss.weights) == {"dense": 1.0, "sparse": 1.0, "colbert": 1.0, "ensemble": 0.0}
+    # a backbone swap on the command line wins over the experiment's choice
+    assert load_config("train", [f"experiment={name}", "model=tiny_m3"]).model.name == "tiny_m3"
+
+
+@pytest.mark.parametrize("name", sorted(p.stem for p in (CONF / "trainer").glob("*.yaml")))
+def test_every_trainer_composes(name):
+    cfg = load_config("train", [f"trainer={name}"])
+    assert cfg.trainer.cpu == (name == "cpu") and cfg.trainer.mixed_precision in ("no", "bf16", "fp16")
+    assert cfg.trainer.lr > 0  # the recipe part is still there
+
+
+def test_train_py_end_to_end(tmp_path, shared, monkeypatch):
+    """train.py's Hydra entry point with `model=tiny_m3 ...` on its command line (run in this process: a fresh
+    interpreter would spend most of the test importing torch): 3 steps, validation, a final model that
+    FlagEmbedding's own loader reads."""
+    texts, train = make_training_files(tmp_path, shared, n_questions=24)
+    model_dir = tmp_path / "tiny-m3"
+    tiny_m3().save(model_dir)
+    out = tmp_path / "run"
+    argv = ["train.py", "model=tiny_m3", f"model.path={model_dir}", f"data.texts={texts}", f"data.examples={train}",
+            f"output_dir={out}", "trainer.max_steps=3", "trainer.batch_size=8", "trainer.group_size=2",
+            "trainer.chunk_size=8", "trainer.query_max_length=32", "trainer.passage_max_length=48",
+            f"validation.task={tmp_path / 'dev.jsonl'}", "validation.max_queries=3", "validation.every_steps=3",
+            f"hydra.run.dir={tmp_path / 'hydra'}"]
+    spec = importlib.util.spec_from_file_location("train_cli", ROOT / "train.py")
+    cli = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(cli)
+    monkeypatch.setattr(sys, "argv", argv)
+    cli.main()
+    rows = list(read_jsonl(out / "metrics.jsonl"))
+    assert [r["step"] for r in rows if "loss/loss" in r] == [1, 2, 3]
+    assert [r["step"] for r in rows if "val/map_cut_10" in r] == [0, 3]
+    assert (out / "curves.png").exists() and (out / "checkpoints" / "step-0000003" / "state.pt").exists()
+    assert (tmp_path / "hydra" / ".hydra" / "overrides.yaml").exists()  # it did go through Hydra
+    # the final folder is FlagEmbedding's M3 format: its own loader gives our dense vectors
+    from FlagEmbedding import BGEM3FlagModel
+
+    ours = M3Encoder(str(out / "final"), device="cpu").encode_queries(["癫痫能治好吗"], heads=("dense",)).dense
+    theirs = BGEM3FlagModel(str(out / "final"), use_fp16=False, devices="cpu").encode(["癫痫能治好吗"])["dense_vecs"]
+    np.testing.assert_allclose(ours, theirs, atol=1e-5)
