@@ -42,7 +42,8 @@ run: model
 	$(PY) scripts/run_main.py
 
 test: setup
-	WANDB_MODE=disabled $(PY) -m pytest -q -m "not slow" -n 2 --dist loadfile
+	@# One torch thread per worker: two xdist workers on two cores, no oversubscription.
+	WANDB_MODE=disabled OMP_NUM_THREADS=1 $(PY) -m pytest -q -m "not slow" -n 2 --dist loadfile
 
 test-slow: setup
 	WANDB_MODE=disabled $(PY) -m pytest -q -m slow

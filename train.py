@@ -17,9 +17,11 @@ import hydra
 from omegaconf import DictConfig
 
 import care  # noqa: F401  (registers the ${paths:...} resolver)
+from care.config import CONF_DIR
 
 
-@hydra.main(config_path="conf", config_name="train", version_base="1.3")
+# An absolute config path: the same conf/ tree however train.py is started (script, module, test).
+@hydra.main(config_path=str(CONF_DIR), config_name="train", version_base="1.3")
 def main(cfg: DictConfig) -> dict:
     from care.training.trainer import Trainer  # after Hydra parsed the command line: `--help` stays fast
 

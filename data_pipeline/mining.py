@@ -120,7 +120,7 @@ class Mined:
     neg_ids: list[str]
     neg_scores: list[float]
     fallback: int       # how many of the trailing negatives came from the fallback
-    in_window: int      # candidates the window held (before the max_negatives cut)
+    in_window: int      # negatives found in the window (the first of neg_ids)
 
 
 class PoolMiner:
@@ -174,22 +174,25 @@ class PoolMiner:
     def mine(self, i: int, scores: np.ndarray, neighbours: np.ndarray, all_scores, lo: float, hi: float,
              max_neg: int, min_neg: int, fallback: list[str], rng: random.Random) -> Mined:
         """Example i, given its neighbours (descending scores; -1 = none) and `all_scores(i)`, its
-        similarity to every candidate (only computed when the random fallback is needed)."""
+        similarity to every candidate (only computed when the random fallback is needed).  Scores are
+        rounded to 6 decimals before the window test, so the stored score is the one tested."""
         window, below, seen = [], [], set()
-        for s, j in zip(scores.tolist(), neighbours.tolist()):
+        for s, j in zip(np.round(scores, 6).tolist(), neighbours.tolist()):
+            if len(window) >= max_neg or (s < lo and len(window) + len(below) >= min_neg):
+                break  # scores only fall from here on: nothing further would be stored
             if j < 0 or not self.allowed(i, j) or s >= hi:
                 continue
             for tid in self.candidates[j]:
-                if tid not in seen and self.usable(i, tid):
+                if tid not in seen and self.usable(i, tid) and len(window) < max_neg:
                     seen.add(tid)
                     (window if s >= lo else below).append((tid, s))
-        negs, in_window = window[:max_neg], len(window)
+        negs, in_window = window, len(window)
         filled = 0
         if len(negs) < min_neg and "below" in fallback:
             extra = below[:min_neg - len(negs)]
             negs, filled = negs + extra, filled + len(extra)
         if len(negs) < min_neg and "random" in fallback:
-            sims = all_scores(i)
+            sims = np.round(all_scores(i), 6)
             order = np.flatnonzero(sims < hi).tolist()
             rng.shuffle(order)
             for j in order:
@@ -202,7 +205,7 @@ class PoolMiner:
                         seen.add(tid)
                         negs.append((tid, float(sims[j])))
                         filled += 1
-        return Mined([t for t, _ in negs], [float(s) for _, s in negs], filled, in_window)
+        return Mined([t for t, _ in negs], [s for _, s in negs], filled, in_window)
 
 
 def encode(encoder: Encoder, texts: list[str], side: str, batch_size: int, cache: EmbeddingCache | None) -> np.ndarray:
@@ -253,9 +256,9 @@ def plot_histogram(path: Path, neighbour_sims: np.ndarray, kept: list[float], fi
     span = np.concatenate([neighbour_sims, [lo, hi]])
     edges = np.linspace(max(span.min() - 0.02, -1.0), min(span.max() + 0.02, 1.0), bins + 1)
     ax.hist(neighbour_sims, bins=edges, color="0.75", label=f"top-K neighbours ({len(neighbour_sims):,})")
-    ax.hist(kept, bins=edges, color="tab:blue", alpha=0.8, label=f"stored negatives in the window ({len(kept):,})")
+    ax.hist(np.asarray(kept), bins=edges, color="tab:blue", alpha=0.8, label=f"stored negatives in the window ({len(kept):,})")
     if filled:
-        ax.hist(filled, bins=edges, color="tab:orange", alpha=0.8, label=f"fallback negatives ({len(filled):,})")
+        ax.hist(np.asarray(filled), bins=edges, color="tab:orange", alpha=0.8, label=f"fallback negatives ({len(filled):,})")
     ax.axvspan(lo, hi, color="tab:red", alpha=0.08)
     ax.axvline(lo, color="tab:red", linestyle="--", label=f"window [{lo:g}, {hi:g})")
     ax.axvline(hi, color="tab:red", linestyle="--")

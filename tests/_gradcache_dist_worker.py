@@ -40,8 +40,8 @@ def grads(model: torch.nn.Module) -> dict[str, torch.Tensor]:
 def main(out: Path) -> None:
     from accelerate import Accelerator
 
-    import care.training.gradcache as gradcache
     from care.models.m3 import tiny_m3
+    from care.training import gradcache
     from care.training.losses import M3Loss
 
     # cpu=True: under torchrun a plain Accelerator() on a CPU machine would run each rank alone (facts.md 6b)
@@ -57,7 +57,8 @@ def main(out: Path) -> None:
     gc = gradcache.GradCache(M3Loss(group_size=GROUP), chunk_size=CHUNK, accelerator=acc)
 
     losses = gc.step(ddp, qb, pb)
-    torch.save({"grads": grads(model), "losses": losses}, out / f"scaled_rank{r}.pt")
+    lengths = [qb["input_ids"].shape[1], pb["input_ids"].shape[1]]
+    torch.save({"grads": grads(model), "losses": losses, "lengths": lengths}, out / f"scaled_rank{r}.pt")
 
     model.zero_grad(set_to_none=True)
     gradcache.world_size = lambda: 1  # drop the factor, as FlagEmbedding does

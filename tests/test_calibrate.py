@@ -162,6 +162,7 @@ def test_judge_against_fake_openai_endpoint(tmp_path, tiny_bert_dir, monkeypatch
         f.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows), encoding="utf-8")
         monkeypatch.setenv("JUDGE_KEY", "sekrit")
         res = calibrate.run(_cfg(tmp_path, tiny_bert_dir, "dedup.calibrate.mode=judge", f"dedup.calibrate.labels={f}",
+                                 "dedup.calibrate.edges=[0.7,0.75,0.95,1.0]",
                                  f"dedup.calibrate.judge.base_url=http://127.0.0.1:{server.server_port}/v1",
                                  "dedup.calibrate.judge.model=judge-model", "dedup.calibrate.judge.api_key_env=JUDGE_KEY"))
     finally:
@@ -175,7 +176,7 @@ def test_judge_against_fake_openai_endpoint(tmp_path, tiny_bert_dir, monkeypatch
 
 def test_pairs_mode_on_human_labels(tmp_path, tiny_bert_dir, shared):
     overrides = ["dedup.calibrate.mode=pairs", "dedup.calibrate.pairs_limit=150",
-                 "dedup.calibrate.pair_sources={cmedqq: {splits: [train], paraphrase: [1]}}",
+                 "~dedup.calibrate.pair_sources.chip_sts", "~dedup.calibrate.pair_sources.kuake_qqr",
                  "dedup.calibrate.edges=[-1.0,0.9,0.94,0.96,1.0]"]
     cfg = _cfg(tmp_path, tiny_bert_dir, *overrides)
     pairs, labels, names = calibrate.labelled_pairs(cfg)

@@ -22,7 +22,7 @@ from care.encoders import Embeddings, Encoder
 from care.encoders.dense import HFDenseEncoder
 from care.evaluation.benchmarks import average, load_benchmark, resolve_paths
 from care.evaluation.bm25 import BM25Scorer, tokenize
-from care.evaluation.cache import EmbeddingCache
+from care.evaluation.cache import EmbeddingCache, list_hash, text_key
 from care.evaluation.report import columns, write_summary
 from care.evaluation.tasks import EncoderScorer, load_task, run_reranking, run_retrieval, run_sts
 from data_pipeline.io import DataError, write_jsonl
@@ -236,9 +236,9 @@ def test_multi_head_encoder_scores_sparse_colbert_and_hybrid(samples):
     # retrieval: sparse is exact over the corpus; ColBERT/hybrid rescore a pool that here covers every doc
     ret = load_task("retrieval", samples["retrieval"])
     got = run_retrieval(ret, scorer, ["ndcg_cut_10", "map_cut_10"], depth=1024)
+    reference = {qid: ref_scores(enc, text, list(ret.docs.values())) for qid, text in ret.queries.items()}
     for method in scorer.methods:
-        run = {qid: dict(zip(ret.docs, ref_scores(enc, text, list(ret.docs.values()))[method].tolist()))
-               for qid, text in ret.queries.items()}
+        run = {qid: dict(zip(ret.docs, reference[qid][method].tolist())) for qid in ret.queries}
         ref = trec(run, ret.qrels, ["ndcg_cut_10", "map_cut_10"])
         assert got[method]["ndcg_cut_10"] == pytest.approx(ref["ndcg_cut_10"], abs=1e-5), method
         assert got[method]["map_cut_10"] == pytest.approx(ref["map_cut_10"], abs=1e-5), method
@@ -323,7 +323,7 @@ def test_cache_encodes_each_text_once_and_survives_bad_chunks(tmp_path, caplog):
         cache.get(enc.fingerprint, "doc", heads, ["失败"], lambda t: (_ for _ in ()).throw(RuntimeError("boom")))
     assert set(tmp_path.rglob("*.npz")) == chunks and not list(tmp_path.rglob("*.tmp"))
     # a truncated chunk is ignored (with a warning) and its texts re-encoded
-    victim = sorted(chunks)[0]
+    victim = tmp_path / enc.fingerprint / "doc-dense+sparse+colbert" / f"{list_hash([text_key(t) for t in texts[:2] + texts[3:]])}.npz"
     victim.write_bytes(victim.read_bytes()[:40])
     before = enc.encoded
     fresh = EmbeddingCache(tmp_path)

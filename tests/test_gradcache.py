@@ -66,7 +66,10 @@ def uncached(model, loss_fn, qb, pb, chunk, passage_model=None, autocast=context
 
     q = [forward(model, c) for c in chunks(qb, chunk)]
     p = [forward(passage_model, c) for c in chunks(pb, chunk)]
-    cat = lambda outs: {k: torch.cat([o[k] for o in outs]) for k in outs[0]}  # noqa: E731
+
+    def cat(outs):
+        return {k: torch.cat([o[k] for o in outs]) for k in outs[0]}
+
     out = loss_fn(cat(q), cat(p))
     out["loss"].backward()
     return {k: float(v.detach()) for k, v in out.items()}
@@ -135,7 +138,9 @@ def test_frozen_tower_and_frozen_parameters():
 
 def test_bf16_autocast_matches_uncached():
     """bf16 forwards under autocast, loss in fp32, no loss scaling: same gradients as plain bf16 autograd."""
-    autocast = lambda: torch.autocast("cpu", dtype=torch.bfloat16)  # noqa: E731
+    def autocast():
+        return torch.autocast("cpu", dtype=torch.bfloat16)
+
     (ref_loss, ref), (gc_loss, got) = run_both(lambda: tiny_m3(dropout=0.1).train(), preset("equal"), 2,
                                                autocast=autocast)
     assert gc_loss["loss"] == pytest.approx(ref_loss["loss"], rel=1e-6)
@@ -164,7 +169,8 @@ def test_two_processes_equal_one_process(tmp_path):
     env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "WANDB_MODE": "disabled",
            "PYTHONPATH": os.pathsep.join([str(PROJECT_ROOT), os.environ.get("PYTHONPATH", "")])}
     proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-                           str(WORKER), str(tmp_path)], env=env, capture_output=True, text=True, timeout=300)
+                           str(WORKER), str(tmp_path)], env=env, capture_output=True, text=True, timeout=300,
+                          check=False)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
 
     model = tiny_m3(dropout=0.0).double()
@@ -174,6 +180,7 @@ def test_two_processes_equal_one_process(tmp_path):
     scaled = [torch.load(tmp_path / f"scaled_rank{r}.pt") for r in (0, 1)]
     unscaled = torch.load(tmp_path / "unscaled_rank0.pt")["grads"]
     assert set(scaled[0]["grads"]) == set(ref)
+    assert scaled[0]["lengths"] != scaled[1]["lengths"]  # the ranks padded differently: gathering re-pads
     for k, v in ref_loss.items():
         assert scaled[0]["losses"][k] == pytest.approx(v, rel=1e-10)
     for name in ref:

@@ -108,6 +108,7 @@ class M3Model(nn.Module):
         out = Path(out_dir)
         out.parent.mkdir(parents=True, exist_ok=True)
         tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+        tmp.chmod(0o755)  # mkdtemp makes it private; a checkpoint is meant to be shared
         try:
             self.backbone.save_pretrained(tmp)
             for name, head in zip(HEAD_FILES, (self.colbert_linear, self.sparse_linear)):

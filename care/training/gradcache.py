@@ -62,7 +62,8 @@ class GradCache:
 
     loss_fn:      (query_reps, passage_reps) -> {"loss": total, ...terms}, e.g. care.training.losses.M3Loss
     chunk_size:   texts per forward pass (memory), independent of the pool size (the batch)
-    accelerator:  optional accelerate.Accelerator: its backward (scaling, DeepSpeed) and no_sync are used
+    accelerator:  optional accelerate.Accelerator: its backward (fp16 loss scaling, gradient accumulation,
+                  DeepSpeed's engine) and no_sync are used; without it, plain backward and DDP's no_sync
     autocast:     optional zero-argument factory of an autocast context for the forwards
     """
 

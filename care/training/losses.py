@@ -81,6 +81,8 @@ class M3Loss(nn.Module):
         unknown = set(self.weights) - {*HEADS, "ensemble"}
         if unknown:
             raise ValueError(f"unknown loss weight(s) {sorted(unknown)}; use dense, sparse, colbert, ensemble")
+        if not any(w > 0 for w in self.weights.values()):
+            raise ValueError(f"every loss weight is 0 ({self.weights}): nothing to train")
 
     def config(self) -> dict:
         return {"class": type(self).__name__, "temperature": self.temperature, "weights": self.weights,
