@@ -100,8 +100,9 @@ def collect_examples(input_dir: Path, rules: list[dict], texts: dict[str, str]) 
             if pos:
                 groups.setdefault(row["query_id"], []).extend(pos)
     pools = {r["name"]: r["pool"] for r in rules}
-    return {name: [Example(q, list(dict.fromkeys(p for p in pos if p != q)), name, pools[name])
-                   for q, pos in groups.items()] for name, groups in grouped.items()}
+    examples = {name: [Example(q, list(dict.fromkeys(p for p in pos if p != q)), name, pools[name])
+                       for q, pos in groups.items()] for name, groups in grouped.items()}
+    return {name: [ex for ex in exs if ex.pos_ids] for name, exs in examples.items()}  # a pair (q, q) teaches nothing
 
 
 def collect_eval_sets(input_dir: Path, specs: list[dict], texts: dict[str, str]) -> list[EvalSet]:

@@ -177,7 +177,7 @@ class PoolMiner:
         similarity to every candidate (only computed when the random fallback is needed).  Scores are
         rounded to 6 decimals before the window test, so the stored score is the one tested."""
         window, below, seen = [], [], set()
-        for s, j in zip(np.round(scores, 6).tolist(), neighbours.tolist()):
+        for s, j in zip(np.round(scores.astype(np.float64), 6).tolist(), neighbours.tolist()):
             if len(window) >= max_neg or (s < lo and len(window) + len(below) >= min_neg):
                 break  # scores only fall from here on: nothing further would be stored
             if j < 0 or not self.allowed(i, j) or s >= hi:
@@ -192,7 +192,7 @@ class PoolMiner:
             extra = below[:min_neg - len(negs)]
             negs, filled = negs + extra, filled + len(extra)
         if len(negs) < min_neg and "random" in fallback:
-            sims = np.round(all_scores(i), 6)
+            sims = np.round(all_scores(i).astype(np.float64), 6)
             order = np.flatnonzero(sims < hi).tolist()
             rng.shuffle(order)
             for j in order:
@@ -267,7 +267,7 @@ def plot_histogram(path: Path, neighbour_sims: np.ndarray, kept: list[float], fi
     ax.set_ylabel("count")
     ax.set_title(title, fontsize=10)
     ax.legend(fontsize=8, loc="upper left")
-    fig.tight_layout()
+    fig.subplots_adjust(left=0.09, right=0.98, top=0.88, bottom=0.12)
     with atomic_open(path, "wb") as fh:
         fig.savefig(fh, format="png", dpi=110)
     plt.close(fig)

@@ -64,7 +64,7 @@ def _fullwidth(text: str, rng: random.Random) -> str:
     return rng.choice([" ", "\u3000", "\n"]) + "".join(out) + rng.choice([" ", "\t "])
 
 
-def _edit_until(text: str, target: float, ngram: int, alphabet: Sequence[str], rng: random.Random):
+def edit_until(text: str, target: float, ngram: int, alphabet: Sequence[str], rng: random.Random):
     """Random character edits until the Jaccard with `text` is <= target (or the text is worn out)."""
     original, chars, edits = shingles(text, ngram), list(text), 0
     current = 1.0
@@ -103,7 +103,7 @@ def plant(texts: Sequence[str], n_exact: int, n_variant: int, n_near: int, ngram
             elif kind == "variant":
                 text, jac, edits = _fullwidth(base[i], rng), 1.0, 0
             else:
-                text, jac, edits = _edit_until(base[i], rng.uniform(*near_range), ngram, alphabet, rng)
+                text, jac, edits = edit_until(base[i], rng.uniform(*near_range), ngram, alphabet, rng)
             rows.append({"id": copy_id, "text": text})
             pairs.append(PlantedPair(orig_id, copy_id, kind, jac, edits))
     rng.shuffle(rows)

@@ -9,6 +9,7 @@ import json
 import random
 import threading
 from http.server import BaseHTTPRequestHandler, HTTPServer
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -90,7 +91,7 @@ def test_export_label_report_roundtrip(tmp_path, tiny_bert_dir):
     common = [f"++input={store}", f"dedup.calibrate.edges={edges_arg}", "dedup.calibrate.neighbours=3"]
     result = calibrate.run(_cfg(tmp_path, tiny_bert_dir, *common, "dedup.calibrate.mode=export",
                                 "dedup.calibrate.per_interval=7"))
-    rows = [json.loads(x) for x in open(result["file"], encoding="utf-8")]
+    rows = [json.loads(x) for x in Path(result["file"]).read_text(encoding="utf-8").splitlines()]
     pos = {f"s{i}": i for i in range(len(texts))}
     assert rows and all(r["label"] is None for r in rows)
     counts = {}
@@ -168,7 +169,8 @@ def test_judge_against_fake_openai_endpoint(tmp_path, tiny_bert_dir, monkeypatch
     finally:
         server.shutdown()
     assert seen[0] == ("/v1/chat/completions", "Bearer sekrit", "judge-model") and len(seen) == 3
-    judged = [json.loads(x) for x in open(tmp_path / "calibrate" / "tiny_bert" / "judged.jsonl", encoding="utf-8")]
+    judged_file = tmp_path / "calibrate" / "tiny_bert" / "judged.jsonl"
+    judged = [json.loads(x) for x in judged_file.read_text(encoding="utf-8").splitlines()]
     assert [r["label"] for r in judged] == [1, 0, 1]
     by = {r["interval"]: r for r in res["table"]}
     assert by["[0.95, 1]"]["rate"] == 0.5 and by["[0.7, 0.75)"]["rate"] == 1.0

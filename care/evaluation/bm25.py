@@ -19,6 +19,7 @@ import jieba
 import numpy as np
 
 jieba.setLogLevel(logging.WARNING)
+logging.getLogger("bm25s").setLevel(logging.WARNING)  # it logs every index build at DEBUG
 
 
 def tokenize(text: str) -> list[str]:

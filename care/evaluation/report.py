@@ -72,7 +72,8 @@ def markdown(run: str, benchmarks: list[Benchmark], rows: list[dict], settings: 
             lines.append(f"- {t.title}: {t.source or t.path}")
         if b.note:
             lines.append(f"- note: {b.note}")
-    lines += ["", "Settings: " + ", ".join(f"{k}={v}" for k, v in settings.items())]
+        lines.append("")
+    lines += ["Settings: " + ", ".join(f"{k}={v}" for k, v in settings.items())]
     for r in rows:
         if r.get("skipped"):
             lines.append(f"- {r['label']}: skipped ({r['skipped']})")

@@ -23,6 +23,7 @@ FlagEmbedding's M3 evaluation does: exhaustive ColBERT scoring of a corpus is no
 """
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -128,6 +129,7 @@ def load_task(kind: str, path: str | Path, split: str = "test", reader: str | No
 
 def flat_index(vectors: np.ndarray):
     """Exact inner-product search; on every GPU when faiss-gpu is installed, the same calls either way."""
+    logging.getLogger("faiss.loader").setLevel(logging.WARNING)  # quiet about which CPU build it picked
     import faiss
 
     index = faiss.IndexFlatIP(vectors.shape[1])

@@ -43,6 +43,7 @@ from transformers import get_cosine_schedule_with_warmup
 from care.encoders.base import Embeddings, weights_digest
 from care.models.m3 import M3Encoder, M3Model
 from care.training.data import EpochSampler, TrainingGroups, collate_groups
+from care.training.distributed import gather_reps, world_size
 from care.training.gradcache import GradCache
 from care.training.losses import M3Loss
 from data_pipeline.io import atomic_open, file_digest, read_jsonl, write_json, write_jsonl
@@ -105,6 +106,18 @@ def build_model(model_cfg: DictConfig, seed: int) -> M3Model:
     return M3Model.from_backbone(model_cfg.path, pooling, seed=seed)
 
 
+def freeze(model: torch.nn.Module, patterns: Sequence[str]) -> None:
+    """Stop training every parameter whose name contains one of `patterns` (e.g. the 96M-parameter
+    vocabulary matrix of multilingual-e5-small, which dominates a CPU optimizer step and which a short
+    run barely moves)."""
+    for pattern in patterns:
+        hits = [p for name, p in model.named_parameters() if pattern in name]
+        if not hits:
+            raise ValueError(f"trainer.freeze: no parameter name contains {pattern!r}")
+        for p in hits:
+            p.requires_grad_(False)
+
+
 def build_loss(loss_cfg: DictConfig, group_size: int) -> M3Loss:
     """conf/loss/*.yaml: M3Loss's arguments (`_target_` optional); the group size checks the pool layout."""
     kwargs = OmegaConf.to_container(loss_cfg, resolve=True)
@@ -158,6 +171,7 @@ class Trainer:
         self.data = TrainingGroups(cfg.data.texts, cfg.data.examples, t.group_size, cfg.seed,
                                    cfg.data.max_examples)
         model = build_model(cfg.model, cfg.seed)
+        freeze(model, t.freeze)
         if t.gradient_checkpointing:
             model.gradient_checkpointing_enable()
         self.tokenizer = model.tokenizer
@@ -167,8 +181,9 @@ class Trainer:
         loader = DataLoader(self.data, batch_size=t.batch_size, sampler=self.sampler, collate_fn=collate_groups,
                             drop_last=True, num_workers=t.num_workers,
                             generator=torch.Generator().manual_seed(cfg.seed))
-        decay = [p for p in model.parameters() if p.ndim >= 2]  # no weight decay on biases and norms
-        rest = [p for p in model.parameters() if p.ndim < 2]
+        params = [p for p in model.parameters() if p.requires_grad]
+        decay = [p for p in params if p.ndim >= 2]  # no weight decay on biases and norms
+        rest = [p for p in params if p.ndim < 2]
         optimizer = torch.optim.AdamW([{"params": decay, "weight_decay": t.weight_decay},
                                        {"params": rest, "weight_decay": 0.0}], lr=t.lr)
         self.model, self.optimizer, self.loader = acc.prepare(model, optimizer, loader)
@@ -179,9 +194,8 @@ class Trainer:
         # Not passed to prepare(): accelerate would step it once per process per step.
         self.scheduler = get_cosine_schedule_with_warmup(
             self.optimizer, math.ceil(t.warmup_ratio * self.total_steps), self.total_steps)
-        pool = t.batch_size * t.group_size
-        self.gradcache = GradCache(build_loss(cfg.loss, t.group_size), chunk_size=t.chunk_size or pool,
-                                   accelerator=acc, autocast=acc.autocast)
+        self.loss = build_loss(cfg.loss, t.group_size)
+        self.gradcache = GradCache(self.loss, t.chunk_size, acc, autocast=acc.autocast) if t.chunk_size else None
         v = cfg.validation
         self.stopper = EarlyStopping(v.patience, v.min_delta) if v.task else None
         self.step = self.epoch = self.batch_in_epoch = 0
@@ -278,7 +292,13 @@ class Trainer:
         queries = self._tokenize(batch["queries"], m.get("query_prefix", ""), t.query_max_length)
         passages = self._tokenize(batch["passages"], m.get("doc_prefix", ""), t.passage_max_length)
         self.model.train()
-        losses = self.gradcache.step(self.model, queries, passages)
+        if self.gradcache:
+            losses = self.gradcache.step(self.model, queries, passages)
+        else:  # the whole pool in one forward: no extra no-grad pass, memory grows with the pool
+            with self.accelerator.autocast():
+                out = self.loss(gather_reps(self.model(**queries)), gather_reps(self.model(**passages)))
+            self.accelerator.backward(out["loss"] * world_size())  # x world size: see distributed.py
+            losses = {k: v.detach() for k, v in out.items()}
         grad_norm = self.accelerator.clip_grad_norm_(self.model.parameters(), t.max_grad_norm)
         self.optimizer.step()
         self.scheduler.step()

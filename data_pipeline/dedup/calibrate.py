@@ -18,7 +18,8 @@ mode=pairs   no judge here, so the labels come from people: the human-labelled p
              shared data (CHIP-STS, cMedQQ, KUAKE-QQR; `pair_sources`), cosine of each pair under this
              encoder, paraphrase rate per interval, and the thresholds that follow (see `suggest`).
 Every mode writes `table.txt` and `calibration.json` under dedup.calibrate.out
-(default {out_root}/calibrate/<model name>/).  Texts are encoded as documents, as the dedup stage does.
+(default {out_root}/calibrate/<model name>/).  Texts are encoded as documents (`side`), as the dedup stage
+does; side=queries measures the query side (e.g. question-question similarity for mining).
 """
 from __future__ import annotations
 
@@ -61,7 +62,7 @@ def rate_table(cosines, labels, edges: Sequence[float]) -> list[dict]:
     for j in range(len(edges) - 1):
         sel = labels[k == j]
         rows.append({"interval": interval_name(edges, j), "lo": float(edges[j]), "hi": float(edges[j + 1]),
-                     "pairs": int(len(sel)), "positives": int(sel.sum()),
+                     "pairs": len(sel), "positives": int(sel.sum()),
                      "rate": round(float(sel.mean()), 4) if len(sel) else None})
     return rows
 
@@ -206,7 +207,7 @@ def calibrate_pairs(cfg: DictConfig, encoder) -> dict:
     rows = rate_table(cos, labels, c.edges)
     labels_arr = np.asarray(labels)
     result = {
-        "mode": "pairs", "encoder": encoder_info(cfg, encoder), "pairs": len(pairs),
+        "mode": "pairs", "encoder": encoder_info(cfg, encoder), "side": c.side, "pairs": len(pairs),
         "sources": {n: names.count(n) for n in dict.fromkeys(names)}, "paraphrase_share": float(labels_arr.mean()),
         "table": rows,
         "cosine_quantiles": {
@@ -223,7 +224,7 @@ def calibrate_pairs(cfg: DictConfig, encoder) -> dict:
     result["suggested_thresholds"] = {
         **th, "calibrated_for": cfg.model.name,
         "how": (f"calibrate mode=pairs: {len(pairs)} human-labelled paraphrase pairs "
-                f"({', '.join(result['sources'])}); dedup_cosine = lowest interval edge from which the "
+                f"({', '.join(result['sources'])}), {c.side} side; dedup_cosine = lowest interval edge from which the "
                 f"paraphrase rate stays >= {c.crossing:.0%}; mine_lo = q{round(100 * c.mine_lo_quantile)} of "
                 f"random-pair cosine")}
     return result
@@ -236,13 +237,14 @@ def encoder_info(cfg: DictConfig, encoder) -> dict:
 
 
 def encode(cfg: DictConfig, encoder, texts: list[str]) -> np.ndarray:
-    """Document-side vectors, L2-normalised, through the dedup stage's embedding cache."""
+    """Vectors of `dedup.calibrate.side`, L2-normalised, through the dedup stage's embedding cache."""
     from data_pipeline.dedup.semantic import EmbeddingCache, unit_rows
 
-    s = cfg.dedup.semantic
+    s, side = cfg.dedup.semantic, cfg.dedup.calibrate.side
     if s.cache:
-        return unit_rows(EmbeddingCache(s.cache, encoder).encode(texts, batch_size=s.batch_size))
-    return unit_rows(encoder.encode_documents(texts, batch_size=s.batch_size, show_progress=True).dense)
+        return unit_rows(EmbeddingCache(s.cache, encoder, side).encode(texts, batch_size=s.batch_size))
+    enc = encoder.encode_documents if side == "documents" else encoder.encode_queries
+    return unit_rows(enc(texts, batch_size=s.batch_size, show_progress=True).dense)
 
 
 def default_store(cfg: DictConfig) -> Path:
@@ -297,8 +299,8 @@ def run(cfg: DictConfig) -> dict:
     if result.get("no_suggestion_because"):
         print(f"calibrate: no thresholds suggested: {result['no_suggestion_because']}")
     if result.get("suggested_thresholds"):
-        print("thresholds for conf/model/%s.yaml:\n%s" % (cfg.model.name, OmegaConf.to_yaml(
-            {"thresholds": result["suggested_thresholds"]})))
+        block = OmegaConf.to_yaml({"thresholds": result["suggested_thresholds"]})
+        print(f"thresholds for conf/model/{cfg.model.name}.yaml:\n{block}")
     return result
 
 

@@ -174,7 +174,7 @@ def run(cfg: DictConfig) -> dict:
             res = minhash_pairs(norm, m.ngram, m.threshold, m.num_perm, m.target_recall, m.seed)
             grid = np.round(np.arange(0.5, 1.0001, 0.05), 2)
             record(name, t0, clusters_from_edges(len(norm), res.rows, res.cols, res.sims),
-                   lambda a, b: jaccard(shingles(norm[a], m.ngram), shingles(norm[b], m.ngram)),
+                   lambda a, b, norm=norm, n=m.ngram: jaccard(shingles(norm[a], n), shingles(norm[b], n)),
                    {"ngram": m.ngram, "threshold": m.threshold, "num_perm": m.num_perm, "bands": res.bands,
                     "rows_per_band": res.rows_per_band, "candidate_pairs": res.candidates,
                     "verified_pairs": len(res.sims),

@@ -1,0 +1,132 @@
+"""evaluate.py end to end on tiny models and small task files: the CLI, the cached re-run, `ckpt=` folders of
+several checkpoints side by side, efficiency columns, and the errors a user sees for bad checkpoints."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from care.config import load_config
+from care.paths import PROJECT_ROOT
+from data_pipeline.io import write_jsonl
+
+QUERIES = ["头痛发烧怎么办", "糖尿病人能吃西瓜吗", "高血压要吃什么药", "孩子咳嗽有痰"]
+DOCS = ["发烧头痛可以先物理降温，多喝水", "糖尿病患者少量吃西瓜，注意血糖", "高血压常用药有氨氯地平",
+        "小儿咳嗽有痰可以拍背", "胃疼吃什么药好", "失眠怎么调理", "感冒流鼻涕怎么办", "腰疼是肾的问题吗"]
+
+
+@pytest.fixture(scope="module")
+def task_paths(tmp_path_factory):
+    """One small file or folder per CMedTEB slot (the user's-own-copy layouts) and a cMedQA2-style BEIR folder."""
+    tmp = tmp_path_factory.mktemp("cmedteb_copy")
+    beir = tmp / "retrieval"
+    write_jsonl(beir / "corpus.jsonl", ({"_id": f"d{i}", "text": t} for i, t in enumerate(DOCS)))
+    write_jsonl(beir / "queries.jsonl", ({"_id": f"q{i}", "text": t} for i, t in enumerate(QUERIES)))
+    (beir / "qrels").mkdir()
+    (beir / "qrels" / "test.tsv").write_text(
+        "query-id\tcorpus-id\tscore\n" + "".join(f"q{i}\td{i}\t{2 if i % 2 else 1}\n" for i in range(4)), encoding="utf-8")
+    rerank = tmp / "rerank.jsonl"
+    write_jsonl(rerank, ({"query": q, "positive": [DOCS[i]], "negative": DOCS[4:6] + DOCS[(i + 1) % 4:(i + 1) % 4 + 1]}
+                         for i, q in enumerate(QUERIES)))
+    sts = tmp / "sts.jsonl"
+    write_jsonl(sts, ({"sentence1": q, "sentence2": d, "score": s}
+                      for q, d, s in zip(QUERIES + QUERIES, DOCS[:4] + DOCS[4:], [2, 2, 1, 2, 0, 0, 1, 0])))
+    return {"beir": beir, "rerank": rerank, "sts": sts}
+
+
+def overrides(paths, tmp_path, *extra: str) -> list[str]:
+    return [f"benchmark=cmedteb", f"benchmark.tasks.cmed_v1.path={paths['rerank']}",
+            f"benchmark.tasks.cmed_v2.path={paths['rerank']}", f"benchmark.tasks.retrieval.path={paths['beir']}",
+            f"benchmark.tasks.rerank.path={paths['rerank']}", f"benchmark.tasks.sts.path={paths['sts']}",
+            f"extra_benchmark.tasks.cmedqa2.path={paths['beir']}", "extra_benchmark.tasks.cmedqa2.metrics=[success_10,mrr_10,acc_4]",
+            "extra_benchmark.tasks.cmedqa2.primary=success_10",
+            f"out_dir={tmp_path / 'eval'}", f"cache.dir={tmp_path / 'cache'}", "efficiency.queries=3", "efficiency.docs=8",
+            *extra]
+
+
+def test_cli_prints_the_table_and_a_rerun_encodes_nothing(task_paths, tiny_bert_dir, tmp_path):
+    env = {**os.environ, "WANDB_MODE": "disabled", "HF_HUB_OFFLINE": "1", "CARE_OUTPUTS": str(tmp_path / "outputs")}
+    cmd = [sys.executable, "evaluate.py", "model=tiny_bert", f"model.path={tiny_bert_dir}", "baselines=[bm25]",
+           *overrides(task_paths, tmp_path)]
+    first = subprocess.run(cmd, cwd=PROJECT_ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert first.returncode == 0, first.stderr[-3000:]
+    out = tmp_path / "eval"
+    summary = json.loads((out / "summary.json").read_text())
+    assert [r["name"] for r in summary["models"]] == ["tiny_bert", "bm25"]
+    assert "| tiny BERT (random init, bert-base-chinese vocab) |" in first.stdout and "| BM25 (bm25s + jieba) |" in first.stdout
+    assert "CMedTEB Avg" in first.stdout and "cmedqa2 Acc@4 (stand-in)" in first.stdout  # the extra stays a stand-in
+    assert "CMed v1 MAP@10 |" in first.stdout  # a user's own copy is not labelled a stand-in
+    for row in summary["models"]:
+        slots = [row["scores"][f"cmedteb/{k}"] for k in ("cmed_v1", "cmed_v2", "retrieval", "rerank", "sts")]
+        assert row["scores"]["cmedteb/avg"] == pytest.approx(sum(slots) / 5)
+        assert row["efficiency"]["docs_per_second"] > 0 and row["efficiency"]["query_latency_ms_p95"] >= \
+            row["efficiency"]["query_latency_ms_p50"] > 0
+    tiny_row, bm25_row = summary["models"]
+    assert tiny_row["efficiency"]["online_parameters"] == sum(
+        p.numel() for p in __import__("transformers").AutoModel.from_pretrained(tiny_bert_dir).parameters())
+    assert bm25_row["efficiency"]["online_parameters"] == 0
+    task = json.loads((out / "tiny_bert" / "cmedteb" / "retrieval.json").read_text())
+    assert task["value"] == pytest.approx(100 * task["scores"]["dense"]["ndcg_cut_10"])
+    assert (out / "summary.md").read_text().startswith("# Evaluation") and (out / "slots.png").stat().st_size > 1000
+    assert summary["settings"]["embeddings_encoded"] > 0
+
+    second = subprocess.run(cmd, cwd=PROJECT_ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert second.returncode == 0, second.stderr[-3000:]
+    again = json.loads((out / "summary.json").read_text())
+    assert again["settings"]["embeddings_encoded"] == 0 and again["settings"]["embeddings_from_cache"] > 0
+    assert again["models"][0]["scores"] == summary["models"][0]["scores"]
+
+
+def test_ckpt_folder_scores_each_checkpoint_side_by_side(task_paths, tiny_bert_dir, tmp_path):
+    import shutil
+
+    from care.models.m3 import tiny_m3
+    from evaluate import evaluate
+
+    ckpts = tmp_path / "run"
+    shutil.copytree(tiny_bert_dir, ckpts / "a_dense")
+    tiny_m3().save(ckpts / "b_m3")
+    (ckpts / "logs").mkdir()  # not a checkpoint: ignored
+    cfg = load_config("evaluate", overrides(task_paths, tmp_path, f"ckpt={ckpts}", "baselines=[]",
+                                            "~benchmark@extra_benchmark", "efficiency.enabled=false"))
+    result = evaluate(cfg)
+    assert [r["name"] for r in result["rows"]] == ["run/a_dense", "run/b_m3"]
+    m3 = json.loads((tmp_path / "eval" / "run_b_m3" / "cmedteb" / "rerank.json").read_text())
+    assert set(m3["scores"]) == {"dense", "sparse", "colbert", "hybrid"}
+    dense = json.loads((tmp_path / "eval" / "run_a_dense" / "cmedteb" / "rerank.json").read_text())
+    assert set(dense["scores"]) == {"dense"}
+    assert "| run/a_dense |" in result["table"] and "| run/b_m3 |" in result["table"]
+
+
+def test_a_folder_that_is_not_a_model_is_refused(task_paths, tmp_path):
+    from evaluate import checkpoint_models
+
+    resume = tmp_path / "step-0000010"
+    resume.mkdir()
+    (resume / "state.pt").write_bytes(b"")
+    with pytest.raises(ValueError, match="not a model checkpoint.*state.pt"):
+        checkpoint_models(str(resume), {"kind": "dense"})
+    with pytest.raises(FileNotFoundError, match="is not a folder"):
+        checkpoint_models(str(tmp_path / "nope"), {"kind": "dense"})
+    # a folder with config.json but no weights: the loader's own error names the folder
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    (broken / "config.json").write_text("{}")
+    from evaluate import evaluate
+
+    cfg = load_config("evaluate", overrides(task_paths, tmp_path, f"ckpt={broken}", "baselines=[]",
+                                            "~benchmark@extra_benchmark"))
+    with pytest.raises(Exception, match="broken"):
+        evaluate(cfg)
+
+
+def test_cli_reports_missing_benchmark_data_without_a_traceback(tmp_path, tiny_bert_dir):
+    env = {**os.environ, "WANDB_MODE": "disabled", "HF_HUB_OFFLINE": "1"}
+    run = subprocess.run([sys.executable, "evaluate.py", "model=tiny_bert", f"model.path={tiny_bert_dir}",
+                          "benchmark=cmedteb", "~benchmark@extra_benchmark", "baselines=[]", f"out_dir={tmp_path}"],
+                         cwd=PROJECT_ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert run.returncode == 1
+    assert "error: benchmark cmedteb: no data for 5 task(s)" in run.stderr and "Traceback" not in run.stderr
