@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import gc
 import json
+import os
 import re
 import sys
 import time
@@ -26,8 +27,8 @@ from tqdm.auto import tqdm
 import care  # noqa: F401  (registers the ${paths:...} resolver)
 from care.encoders import build_encoder
 from care.evaluation import efficiency
-from care.evaluation.benchmarks import load_benchmark, resolve_paths, run_task
 from care.evaluation.benchmarks import average as benchmark_average
+from care.evaluation.benchmarks import load_benchmark, resolve_paths, run_task
 from care.evaluation.bm25 import BM25Scorer
 from care.evaluation.cache import EmbeddingCache
 from care.evaluation.report import write_summary
@@ -203,7 +204,9 @@ def evaluate(cfg: DictConfig | dict) -> dict:
     settings = {"max_length": cfg.get("max_length"), "batch_size": cfg["batch_size"], "depth": cfg["depth"],
                 "table_method": cfg["table_method"], "cache": cfg["cache"]["enabled"],
                 "embeddings_encoded": cache.misses, "embeddings_from_cache": cache.hits,
-                "seconds": round(time.perf_counter() - start, 1)}
+                "seconds": round(time.perf_counter() - start, 1),
+                # timings mean little on a busy machine: the 1-minute load average says how busy it was
+                "load_average_1m": round(os.getloadavg()[0], 1), "cpus": os.cpu_count()}
     table = write_summary(out, run, [b for b, _ in loaded], rows, settings)
     print(table)
     print(f"written to {out}")

@@ -25,8 +25,10 @@ from care.config import CONF_DIR
 def main(cfg: DictConfig) -> dict:
     from care.training.trainer import Trainer  # after Hydra parsed the command line: `--help` stays fast
 
-    summary = Trainer(cfg).fit()
-    print(json.dumps(summary, indent=2, ensure_ascii=False))
+    trainer = Trainer(cfg)
+    summary = trainer.fit()
+    if trainer.accelerator.is_main_process:
+        print(json.dumps(summary, indent=2, ensure_ascii=False))
     return summary
 
 

@@ -7,7 +7,8 @@
    `EncoderOnlyEmbedderM3Model`, driven directly: its runner needs the hub and a launcher) on the same tiny
    model, the same real texts and the same batch shape, interleaved in one process; reported as a ratio.
 
-Each memory point runs in a fresh process (a process's allocator keeps freed memory, so points measured one
+Everything runs on one torch thread: tiny models gain nothing from a second one, and on a busy 2-core machine
+two threads make timings swing by an order of magnitude.  Each memory point runs in a fresh process (a process's allocator keeps freed memory, so points measured one
 after another in one process would hide the growth); a thread samples the resident set every millisecond
 during the step.  `python bench/train_bench.py` prints the JSON.
 """
@@ -67,7 +68,8 @@ def tokenize(tok, texts, max_length):
 
 # ---- 1 + 2: one step in a fresh process ------------------------------------------------------------------
 def _measure(mode: str, pool: int) -> dict:
-    """Peak RSS growth and time of one step ("cached" or "plain") in this (fresh) process."""
+    """Peak RSS growth of a first step ("cached" or "plain") in this fresh process, and the time of a
+    second step run without the sampling thread (which would slow the many small cached chunks most)."""
     from care.training.gradcache import GradCache
     from care.training.losses import M3Loss
 
@@ -93,13 +95,13 @@ def _measure(mode: str, pool: int) -> dict:
     base = proc.memory_info().rss
     thread = threading.Thread(target=sample)
     thread.start()
-    t0 = time.perf_counter()
     step()
-    seconds = time.perf_counter() - t0
     done.set()
     thread.join()
-    return {"mode": mode, "pool": pool, "peak_mb": (max(peak[0], proc.memory_info().rss) - base) / 2**20,
-            "seconds": seconds}
+    peak_mb = (max(peak[0], proc.memory_info().rss) - base) / 2**20
+    t0 = time.perf_counter()
+    step()
+    return {"mode": mode, "pool": pool, "peak_mb": peak_mb, "seconds": time.perf_counter() - t0}
 
 
 def memory_and_time() -> dict:
@@ -121,7 +123,7 @@ def memory_and_time() -> dict:
 
 
 # ---- 3: throughput against FlagEmbedding ------------------------------------------------------------------
-def throughput(steps: int = 6, n_queries: int = 8) -> dict:
+def throughput(steps: int = 5, n_queries: int = 8) -> dict:
     from FlagEmbedding.finetune.embedder.encoder_only.m3.modeling import EncoderOnlyEmbedderM3Model
 
     from care.config import load_config
@@ -184,7 +186,7 @@ def throughput(steps: int = 6, n_queries: int = 8) -> dict:
 
 
 def run() -> dict:
-    torch.set_num_threads(min(2, os.cpu_count() or 1))
+    torch.set_num_threads(1)
     return {"machine": {"cpus": os.cpu_count(), "torch_threads": torch.get_num_threads(),
                         "load_avg_1min": os.getloadavg()[0]},
             "gradcache": memory_and_time(), "throughput": throughput()}
@@ -192,6 +194,7 @@ def run() -> dict:
 
 if __name__ == "__main__":
     sys.path.insert(0, str(ROOT))
+    torch.set_num_threads(1)
     if len(sys.argv) == 4 and sys.argv[1] == "--measure":
         print(json.dumps(_measure(sys.argv[2], int(sys.argv[3]))))
     else:

@@ -13,7 +13,11 @@ from omegaconf import DictConfig
 import care  # noqa: F401  (registers the ${paths:...} resolver)
 
 STAGES = {
-    "import": "data_pipeline.import_stage",
+    "import": "data_pipeline.import_stage",      # raw sources -> texts / pairs / candidates
+    "dedup": "data_pipeline.dedup.stage",         # exact -> MinHash -> semantic, clusters
+    "build": "data_pipeline.build",               # training examples, leakage rule against eval sets
+    "mine": "data_pipeline.mining",               # FAISS hard negatives in the encoder's window
+    "benchmarks": "data_pipeline.benchmarks",     # open stand-in evaluation task files
 }
 ORDER = list(STAGES)
 

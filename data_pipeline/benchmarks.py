@@ -163,7 +163,7 @@ def build_cmedteb_open(data: dict, out: Path) -> dict:
 def build_cmedqa2_retrieval(data: dict, out: Path) -> dict:
     test = {"test": data["sources"]["cmedqa2_pairs"]["files"]["test"]}
     # The corpus is every answer of the test file, the untrusted questions' answers included.
-    every, all_texts, _ = _read(data, "cmedqa2_pairs", files=test, min_positives=0, max_positives=None)
+    every, _, _ = _read(data, "cmedqa2_pairs", files=test, min_positives=0, max_positives=None)
     corpus = {_short(r.id): r.text for r in every if isinstance(r, Text) and r.role == "answer"}
     records, texts, report = _read(data, "cmedqa2_pairs", files=test)
     queries, qrels = {}, {}

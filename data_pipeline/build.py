@@ -73,8 +73,9 @@ def _rows(input_dir: Path, specs: list[dict], texts: dict[str, str]):
         for line, row in enumerate(read_jsonl(path, required), 1):
             for spec in wanted:
                 if row["source"] == spec["source"] and row["split"] == spec["split"]:
-                    ids = ([("text1_id", row["text1_id"]), ("text2_id", row["text2_id"])] if kind == "pairs" else
-                           [("query_id", row["query_id"])] + [("candidates", c.get("id")) for c in row["candidates"]])
+                    ids = ([("text1_id", row["text1_id"]), ("text2_id", row["text2_id"])] if kind == "pairs"
+                           else [("query_id", row["query_id"])] + [("candidates", c.get("id"))
+                                                                   for c in row["candidates"]])
                     for fld, tid in ids:
                         if tid not in texts:
                             raise DataError(path, line, fld, f"unknown text id {tid!r} (not in texts.jsonl)")
@@ -82,9 +83,12 @@ def _rows(input_dir: Path, specs: list[dict], texts: dict[str, str]):
 
 
 def _positive(label, min_label, path, line) -> bool:
+    """label >= min_label; min_label None takes every row, labelled or not."""
+    if min_label is None:
+        return True
     if label is None:
         raise DataError(path, line, "label", "unlabelled row in a split a rule or evaluation set uses")
-    return min_label is None or label >= min_label
+    return label >= min_label
 
 
 def collect_examples(input_dir: Path, rules: list[dict], texts: dict[str, str]) -> dict[str, list[Example]]:
@@ -96,13 +100,15 @@ def collect_examples(input_dir: Path, rules: list[dict], texts: dict[str, str]) 
             if _positive(row["label"], rule["min_label"], path, line):
                 groups.setdefault(row["text1_id"], []).append(row["text2_id"])
         else:
-            pos = [c["id"] for c in row["candidates"] if _positive(c.get("label"), rule["min_label"], path, line)]
+            pos = [c["id"] for c in row["candidates"]
+                   if _positive(c.get("label"), rule["min_label"], path, line)]
             if pos:
                 groups.setdefault(row["query_id"], []).extend(pos)
     pools = {r["name"]: r["pool"] for r in rules}
     examples = {name: [Example(q, list(dict.fromkeys(p for p in pos if p != q)), name, pools[name])
                        for q, pos in groups.items()] for name, groups in grouped.items()}
-    return {name: [ex for ex in exs if ex.pos_ids] for name, exs in examples.items()}  # a pair (q, q) teaches nothing
+    # A query whose only "paraphrase" is itself teaches nothing.
+    return {name: [ex for ex in exs if ex.pos_ids] for name, exs in examples.items()}
 
 
 def collect_eval_sets(input_dir: Path, specs: list[dict], texts: dict[str, str]) -> list[EvalSet]:
@@ -122,8 +128,8 @@ def collect_eval_sets(input_dir: Path, specs: list[dict], texts: dict[str, str])
                 es.relevant.add((row["text1_id"], row["text2_id"]))
     for es in sets.values():
         if not es.queries:
-            raise ValueError(f"evaluation set '{es.name}' has no queries in {input_dir}: check its source/split "
-                             "in build.eval_sets against the import stage's files")
+            raise ValueError(f"evaluation set '{es.name}' has no queries in {input_dir}: check its "
+                             "source/split in build.eval_sets against the import stage's files")
     return list(sets.values())
 
 
@@ -165,7 +171,8 @@ class LeakageDetector:
         for es in eval_sets:
             for qid in es.queries:
                 self.owner[self.norm(qid)].add(es.name)
-        self.relevant: dict[frozenset, set[str]] = defaultdict(set)  # {norm query, norm doc} -> eval set names
+        # {normalised query, normalised relevant document} -> eval set names
+        self.relevant: dict[frozenset, set[str]] = defaultdict(set)
         for es in eval_sets:
             for q, d in es.relevant:
                 self.relevant[frozenset((self.norm(q), self.norm(d)))].add(es.name)
@@ -177,7 +184,7 @@ class LeakageDetector:
         return self.normalised[tid]
 
     def match(self, normalised: set[str]) -> dict[str, dict[str, tuple[str, str, float]]]:
-        """training text (normalised) -> {eval set: (how, matched eval text, similarity)}; {} if it is clean."""
+        """Leaking training texts (normalised) -> {eval set: (how, matched eval text, similarity)}."""
         new = sorted(t for t in normalised if t not in self.hits)
         for t in new:
             self.hits[t] = {name: ("exact", t, 1.0) for name in self.owner.get(t, ())}
@@ -188,15 +195,16 @@ class LeakageDetector:
         # answer) cannot reach the threshold against any evaluation query, so it never enters MinHash.
         lo, hi = min(sizes, default=0) * threshold, max(sizes, default=0) / threshold
         rest = [t for t in new if lo <= len(shingles(t, n)) <= hi]
-        for i, j, sim in near_duplicates(evals, rest, n, threshold, self.opts["num_perm"], self.opts["target_recall"]):
+        near = near_duplicates(evals, rest, n, threshold, self.opts["num_perm"], self.opts["target_recall"])
+        for i, j, sim in near:
             found = self.hits[rest[j]]
             for name in self.owner[evals[i]]:
                 if name not in found or found[name][2] < sim:  # an exact match (1.0) is never replaced
                     found[name] = ("near", evals[i], sim)
         return {t: self.hits[t] for t in normalised if self.hits[t]}
 
-    def report(self, examples: list[Example]) -> tuple[dict, dict, set, set]:
-        """Per eval set counts of leaks in `examples`, the text matches, and the leaking training pairs."""
+    def report(self, examples: list[Example]) -> tuple[dict, dict, set]:
+        """Per eval set counts of leaks in `examples`, a few matches to show, and the leaking texts."""
         norm = {tid: self.norm(tid) for ex in examples for tid in [ex.query_id, *ex.pos_ids]}
         hits = self.match(set(norm.values()))
         counts: dict[str, dict] = defaultdict(lambda: defaultdict(int))
@@ -210,24 +218,24 @@ class LeakageDetector:
                     if len(shown[name]) < self.opts["examples_shown"]:
                         shown[name].append({"eval": eval_text, "train": norm[tid], "how": how,
                                             "jaccard": round(sim, 4)})
-        bad_pairs = set()
         for ex in examples:
             for p in ex.pos_ids:
                 for name in self.relevant.get(frozenset((norm[ex.query_id], norm[p])), ()):
                     counts[name]["relevant_pairs"] += 1
-                    bad_pairs.add((ex.query_id, p))
-        return counts, shown, set(hits), bad_pairs
+        return counts, shown, set(hits)
 
     def clean(self, examples: list[Example]) -> tuple[list[Example], dict, dict]:
-        """Examples with every leak removed, and what was removed."""
-        counts, shown, leaked, bad_pairs = self.report(examples)
+        """Examples with every leaking text removed, and what was removed.  Every relevant pair of an
+        evaluation set holds one of its queries, so this removes those pairs too (`report` counts them
+        again afterwards to prove it)."""
+        counts, shown, leaked = self.report(examples)
         kept, removed = [], defaultdict(int)
         for ex in examples:
             if self.norm(ex.query_id) in leaked:
                 removed["examples_query_leaked"] += 1
                 removed["training_pairs"] += len(ex.pos_ids)
                 continue
-            pos = [p for p in ex.pos_ids if self.norm(p) not in leaked and (ex.query_id, p) not in bad_pairs]
+            pos = [p for p in ex.pos_ids if self.norm(p) not in leaked]
             removed["training_pairs"] += len(ex.pos_ids) - len(pos)
             if not pos:
                 removed["examples_no_positive_left"] += 1
@@ -240,7 +248,7 @@ def apply_leakage_rule(examples: list[Example], eval_sets: list[EvalSet], texts:
                        opts: dict) -> tuple[list[Example], dict]:
     detector = LeakageDetector(eval_sets, texts, opts)
     kept, before, removed = detector.clean(examples)
-    after_counts, _, _, _ = detector.report(kept)  # counted again on what is kept
+    after_counts, _, _ = detector.report(kept)  # counted again on what is kept
     zero = {"as_query": 0, "as_text": 0, "exact": 0, "near": 0, "relevant_pairs": 0}
     per_set = {}
     for es in eval_sets:
@@ -267,11 +275,13 @@ def export_flag(train_path: str | Path, texts_path: str | Path, out_path: str | 
     texts = read_text_store(texts_path)
 
     def rows():
-        for line, ex in enumerate(read_jsonl(train_path, ("query_id", "pos_ids", "neg_ids", "neg_scores")), 1):
+        required = ("query_id", "pos_ids", "neg_ids", "neg_scores")
+        for line, ex in enumerate(read_jsonl(train_path, required), 1):
             for fld in ("query_id", "pos_ids", "neg_ids"):
                 for tid in ex[fld] if isinstance(ex[fld], list) else [ex[fld]]:
                     if tid not in texts:
-                        raise DataError(train_path, line, fld, f"unknown text id {tid!r} (not in {texts_path})")
+                        raise DataError(train_path, line, fld,
+                                        f"unknown text id {tid!r} (not in {texts_path})")
             yield {"query": texts[ex["query_id"]], "pos": [texts[i] for i in ex["pos_ids"]],
                    "neg": [texts[i] for i in ex["neg_ids"]], "neg_scores": ex["neg_scores"]}
 
@@ -295,6 +305,10 @@ def run(cfg: DictConfig) -> dict:
     if not cfg.get("force") and (old := up_to_date(out_dir, fp)):
         print(f"build: inputs and config unchanged, skipped ({out_dir})")
         return {**old, "skipped": True}
+    for spec in c["rules"] + c["eval_sets"]:
+        if spec.get("from") not in FROM:
+            raise ValueError(f"build config entry {spec.get('name')!r}: `from` must be one of {list(FROM)}, "
+                             f"not {spec.get('from')!r}")
     t0 = time.perf_counter()
     texts = read_text_store(input_dir / "texts.jsonl")
     by_rule = collect_examples(input_dir, c["rules"], texts)
@@ -312,7 +326,8 @@ def run(cfg: DictConfig) -> dict:
         capped = _sample(kept, rule.get("max_examples"), c["seed"])
         final += capped
         per_rule[name] = {"examples": len(by_rule[name]), "pairs": sum(len(e.pos_ids) for e in by_rule[name]),
-                          "after_leakage": len(kept), "kept": len(capped), "max_examples": rule.get("max_examples"),
+                          "after_leakage": len(kept), "kept": len(capped),
+                          "max_examples": rule.get("max_examples"),
                           "pool": rule["pool"]}
     used = dict.fromkeys(tid for ex in final for tid in [ex.query_id, *ex.pos_ids])
     write_jsonl(out_dir / "examples.jsonl", (ex.row() for ex in final))

@@ -54,7 +54,13 @@ def write_json(path: str | Path, obj) -> None:
 
 
 def read_jsonl(path: str | Path, required: Iterable[str] = ()) -> Iterator[dict]:
-    """Yield one dict per line; a bad line raises DataError with its number (1-based)."""
+    """Yield one dict per non-blank line; a bad line raises DataError with its number (1-based)."""
+    for _, row in read_jsonl_numbered(path, required):
+        yield row
+
+
+def read_jsonl_numbered(path: str | Path, required: Iterable[str] = ()) -> Iterator[tuple[int, dict]]:
+    """Yield (line number, dict) per non-blank line, so callers can name the line of a bad value."""
     required = tuple(required)
     path = Path(path)
     if not path.exists():
@@ -76,13 +82,13 @@ def read_jsonl(path: str | Path, required: Iterable[str] = ()) -> Iterator[dict]
             for f in required:
                 if f not in row:
                     raise DataError(path, lineno, f, "missing")
-            yield row
+            yield lineno, row
 
 
 def read_text_store(path: str | Path) -> dict[str, str]:
     """A text store `{"id","text"}` per line -> {id: text}; duplicate ids and empty texts are errors."""
     store: dict[str, str] = {}
-    for lineno, row in enumerate(read_jsonl(path, required=("id", "text")), 1):
+    for lineno, row in read_jsonl_numbered(path, required=("id", "text")):
         if not isinstance(row["text"], str) or not row["text"].strip():
             raise DataError(path, lineno, "text", f"empty text for id {row['id']!r}")
         if row["id"] in store:

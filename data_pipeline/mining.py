@@ -60,14 +60,14 @@ def mining_window(cfg: DictConfig) -> dict:
     else:
         if th.get("mine_lo") is None or th.get("mine_hi") is None:
             raise ThresholdError(
-                f"{where} has no thresholds.mine_lo/mine_hi. A mining window belongs to an encoder (facts.md s.4): "
-                f"calibrate it (python -m data_pipeline.dedup.calibrate model={model.get('name')}) and add it to the "
-                f"model's thresholds block, or pass mine.window=[LO,HI] to override explicitly.")
+                f"{where} has no thresholds.mine_lo/mine_hi. A mining window belongs to an encoder "
+                f"(facts.md s.4): calibrate it (python -m data_pipeline.dedup.calibrate model={model.get('name')}) "
+                f"and add it to the model's thresholds block, or pass mine.window=[LO,HI] to override explicitly.")
         if th.get("calibrated_for") != model.get("name"):
             raise ThresholdError(
                 f"{where}: thresholds.calibrated_for is {th.get('calibrated_for')!r}, not this encoder "
-                f"{model.get('name')!r}; a similarity window does not transfer between encoders. Re-calibrate, or "
-                f"pass mine.window=[LO,HI] to override explicitly.")
+                f"{model.get('name')!r}; a similarity window does not transfer between encoders. "
+                f"Re-calibrate, or pass mine.window=[LO,HI] to override explicitly.")
         lo, hi = float(th["mine_lo"]), float(th["mine_hi"])
         how = {"source": "model.thresholds", "calibrated_for": th["calibrated_for"]}
     if not lo < hi:
@@ -98,11 +98,11 @@ def read_clusters(path: Path | None) -> tuple[dict[str, int], set[str]]:
     if path is None:
         return {}, set()
     if not path.exists():
-        raise FileNotFoundError(f"{path} does not exist: run the dedup stage first, or pass mine.dedup_clusters=null "
-                                "to mine without excluding a positive's duplicates")
+        raise FileNotFoundError(f"{path} does not exist: run the dedup stage first, or pass "
+                                "mine.dedup_clusters=null to mine without excluding a positive's duplicates")
     ids: dict[str, int] = {}
     edges, removed = [], set()
-    for line, row in enumerate(read_jsonl(path, ("kept_id", "removed_ids")), 1):
+    for row in read_jsonl(path, ("kept_id", "removed_ids")):
         kept = ids.setdefault(row["kept_id"], len(ids))
         for r in row["removed_ids"]:
             edges.append((kept, ids.setdefault(r, len(ids))))
@@ -124,14 +124,14 @@ class Mined:
 
 
 class PoolMiner:
-    """Mines one pool.  `cand_owner[c]` lists the examples candidate c answers (question mode: c is an
-    example and its candidates are that example's positives; document mode: c is a text)."""
+    """Mines one pool.  `candidates[j]` is what neighbour j of the FAISS search offers: in question mode
+    neighbour j is example j's query and offers its positives; in document mode it is one text."""
 
     def __init__(self, examples: list[dict], texts: dict[str, str], cluster_of: dict[str, int],
                  removed: set[str], similarity: str):
-        self.examples, self.similarity = examples, similarity
         norm = Normalizer()
         self.norm = {tid: norm(texts[tid]) for ex in examples for tid in [ex["query_id"], *ex["pos_ids"]]}
+        self.removed = removed
         # Examples asking the same question: same query id, same normalised text, or same dedup cluster.
         groups: dict[tuple, list[int]] = defaultdict(list)
         for i, ex in enumerate(examples):
@@ -139,33 +139,27 @@ class PoolMiner:
             for key in (("id", q), ("text", self.norm[q]), ("cluster", cluster_of.get(q))):
                 if key[1] is not None:
                     groups[key].append(i)
-        self.same_question = [set() for _ in examples]
+        same_question = [set() for _ in examples]
         for members in groups.values():
             for i in members:
-                self.same_question[i].update(members)
-        # Per example: ids and normalised texts that may never be its negatives.
+                same_question[i].update(members)
         members_of = defaultdict(set)
         for tid, c in cluster_of.items():
             members_of[c].add(tid)
-        self.removed = removed
+        # Per example, what may never be its negative: every positive of an example asking the same
+        # question (its own included), every member of a positive's cluster, and their normalised texts.
         self.excluded, self.excluded_text = [], []
         for i, ex in enumerate(examples):
-            ids = set()
-            for j in self.same_question[i]:
-                ids.update(examples[j]["pos_ids"])
+            ids = {p for j in same_question[i] for p in examples[j]["pos_ids"]}
             for p in ex["pos_ids"]:
-                if p in cluster_of:
-                    ids |= members_of[cluster_of[p]]
+                ids |= members_of.get(cluster_of.get(p), set())
             self.excluded.append(ids)
             self.excluded_text.append({self.norm[p] for p in ids if p in self.norm})
         if similarity == "question":
-            self.candidates = [ex["pos_ids"] for ex in examples]       # neighbour j offers j's positives
+            self.candidates = [ex["pos_ids"] for ex in examples]
         else:
             self.docs = list(dict.fromkeys(p for ex in examples for p in ex["pos_ids"] if p not in removed))
             self.candidates = [[d] for d in self.docs]
-
-    def allowed(self, i: int, j: int) -> bool:
-        return not (self.similarity == "question" and j in self.same_question[i])
 
     def usable(self, i: int, tid: str) -> bool:
         return (tid not in self.excluded[i] and tid not in self.removed
@@ -180,7 +174,7 @@ class PoolMiner:
         for s, j in zip(np.round(scores.astype(np.float64), 6).tolist(), neighbours.tolist()):
             if len(window) >= max_neg or (s < lo and len(window) + len(below) >= min_neg):
                 break  # scores only fall from here on: nothing further would be stored
-            if j < 0 or not self.allowed(i, j) or s >= hi:
+            if j < 0 or s >= hi:
                 continue
             for tid in self.candidates[j]:
                 if tid not in seen and self.usable(i, tid) and len(window) < max_neg:
@@ -198,8 +192,6 @@ class PoolMiner:
             for j in order:
                 if len(negs) >= min_neg:
                     break
-                if not self.allowed(i, j):
-                    continue
                 for tid in self.candidates[j]:
                     if len(negs) < min_neg and tid not in seen and self.usable(i, tid):
                         seen.add(tid)
@@ -208,7 +200,8 @@ class PoolMiner:
         return Mined([t for t, _ in negs], [s for _, s in negs], filled, in_window)
 
 
-def encode(encoder: Encoder, texts: list[str], side: str, batch_size: int, cache: EmbeddingCache | None) -> np.ndarray:
+def encode(encoder: Encoder, texts: list[str], side: str, batch_size: int,
+           cache: EmbeddingCache | None) -> np.ndarray:
     fn = encoder.encode_queries if side == "query" else encoder.encode_documents
 
     def run(batch: list[str]):
@@ -219,7 +212,8 @@ def encode(encoder: Encoder, texts: list[str], side: str, batch_size: int, cache
 
 
 def mine_pool(examples: list[dict], texts: dict[str, str], encoder: Encoder, cluster_of: dict[str, int],
-              removed: set[str], opts: dict, window: dict, cache: EmbeddingCache | None, timing: dict) -> tuple:
+              removed: set[str], opts: dict, window: dict, cache: EmbeddingCache | None,
+              timing: dict) -> tuple[list[Mined], np.ndarray]:
     """Negatives for every example of one pool, and every top-K neighbour similarity (for the histogram)."""
     miner = PoolMiner(examples, texts, cluster_of, removed, opts["similarity"])
     t0 = time.perf_counter()
@@ -229,15 +223,16 @@ def mine_pool(examples: list[dict], texts: dict[str, str], encoder: Encoder, clu
     else:
         cands = encode(encoder, [texts[d] for d in miner.docs], "doc", opts["batch_size"], cache)
     t1 = time.perf_counter()
-    # +1: in question mode the query is its own nearest neighbour, skipped as "same question".
+    # +1: in question mode each query comes back as its own nearest neighbour (its positives are excluded).
     k = min(opts["top_k"] + (opts["similarity"] == "question"), len(cands))
-    index, _ = flat_index(cands)
+    index, _ = flat_index(cands)  # moved to the GPUs when faiss-gpu sees any
     scores, neighbours = index.search(queries, k)
     t2 = time.perf_counter()
     rng = random.Random(opts["seed"])
-    mined = [miner.mine(i, scores[i], neighbours[i], lambda i: cands @ queries[i], window["lo"], window["hi"], opts["max_negatives"],
-                        opts["min_negatives"], list(opts["fallback"]), rng)
-             for i in tqdm(range(len(examples)), desc=f"mine: {examples[0]['pool']}", unit="query", mininterval=2)]
+    mined = [miner.mine(i, scores[i], neighbours[i], lambda i: cands @ queries[i], window["lo"], window["hi"],
+                        opts["max_negatives"], opts["min_negatives"], list(opts["fallback"]), rng)
+             for i in tqdm(range(len(examples)), desc=f"mine: {examples[0]['pool']}", unit="query",
+                           mininterval=2)]
     timing["encode"] += t1 - t0
     timing["search"] += t2 - t1
     timing["select"] += time.perf_counter() - t2
@@ -254,11 +249,15 @@ def plot_histogram(path: Path, neighbour_sims: np.ndarray, kept: list[float], fi
     fig, ax = plt.subplots(figsize=(8, 4.5))
     lo, hi = window["lo"], window["hi"]
     span = np.concatenate([neighbour_sims, [lo, hi]])
-    edges = np.linspace(max(span.min() - 0.02, -1.0), min(span.max() + 0.02, 1.0), bins + 1)
+    bottom, top = max(span.min() - 0.02, -1.0), min(span.max() + 0.02, 1.0)
+    width = (hi - lo) / max(1, round(bins * (hi - lo) / (top - bottom)))  # lo and hi fall on bin edges
+    edges = lo + width * np.arange(np.floor((bottom - lo) / width), np.ceil((top - lo) / width) + 1)
     ax.hist(neighbour_sims, bins=edges, color="0.75", label=f"top-K neighbours ({len(neighbour_sims):,})")
-    ax.hist(np.asarray(kept), bins=edges, color="tab:blue", alpha=0.8, label=f"stored negatives in the window ({len(kept):,})")
+    ax.hist(np.asarray(kept), bins=edges, color="tab:blue", alpha=0.8,
+            label=f"stored negatives in the window ({len(kept):,})")
     if filled:
-        ax.hist(np.asarray(filled), bins=edges, color="tab:orange", alpha=0.8, label=f"fallback negatives ({len(filled):,})")
+        ax.hist(np.asarray(filled), bins=edges, color="tab:orange", alpha=0.8,
+                label=f"fallback negatives ({len(filled):,})")
     ax.axvspan(lo, hi, color="tab:red", alpha=0.08)
     ax.axvline(lo, color="tab:red", linestyle="--", label=f"window [{lo:g}, {hi:g})")
     ax.axvline(hi, color="tab:red", linestyle="--")
@@ -283,7 +282,9 @@ def run(cfg: DictConfig) -> dict:
     inputs = [in_dir / "examples.jsonl", in_dir / "texts.jsonl", in_dir / "leakage.json",
               *([clusters_path] if clusters_path else [])]
     model = OmegaConf.to_container(cfg.model, resolve=True)
-    fp = fingerprint(inputs, {"mine": opts, "window": window, "model": model, "weights": weights_digest(model["path"])})
+    # The weights digest, not the encoder: a skipped run should not pay for loading the model.
+    fp = fingerprint(inputs, {"mine": opts, "window": window, "model": model,
+                              "weights": weights_digest(model["path"])})
     if not cfg.get("force") and (old := up_to_date(out_dir, fp)):
         print(f"mine: inputs, encoder and config unchanged, skipped ({out_dir})")
         return {**old, "skipped": True}
@@ -324,9 +325,11 @@ def run(cfg: DictConfig) -> dict:
     seconds = {k: round(v, 2) for k, v in timing.items()} | {"total": round(time.perf_counter() - t0, 2)}
     stats = {
         "stage": "mine", "fingerprint": fp, "examples": len(rows), "texts": len(used),
-        "encoder": {"name": cfg.model.get("name"), "label": cfg.model.get("label"), "fingerprint": encoder.fingerprint},
+        "encoder": {"name": cfg.model.get("name"), "label": cfg.model.get("label"),
+                    "fingerprint": encoder.fingerprint},
         "window": window, "similarity": opts["similarity"], "top_k": opts["top_k"],
-        "max_negatives": opts["max_negatives"], "min_negatives": opts["min_negatives"], "fallback": opts["fallback"],
+        "max_negatives": opts["max_negatives"], "min_negatives": opts["min_negatives"],
+        "fallback": opts["fallback"],
         "pools": per_pool,
         "negatives": {"total": int(n_negs.sum()), "per_example_mean": round(float(n_negs.mean()), 2),
                       "per_example_min": int(n_negs.min()), "per_example_max": int(n_negs.max()),
@@ -339,13 +342,13 @@ def run(cfg: DictConfig) -> dict:
         "embedding_cache": {"hits": cache.hits, "misses": cache.misses} if cache else None,
         "seconds": seconds, "queries_per_s": round(len(rows) / max(seconds["total"], 1e-9), 1),
     }
-    write_json(out_dir / "stats.json", stats)
     title = (f"{cfg.model.get('label') or cfg.model.get('name')}: {opts['similarity']} similarity\n"
              f"window [{window['lo']:g}, {window['hi']:g}) from {window['source']}")
     plot_histogram(out_dir / "neg_similarity.png", np.concatenate(neighbour_sims), kept_scores, filled_scores,
                    window, title, opts["histogram_bins"])
+    write_json(out_dir / "stats.json", stats)  # last: its fingerprint marks the outputs complete
     print(f"mine: {len(rows):,} examples, {stats['negatives']['total']:,} negatives "
-          f"({stats['negatives']['per_example_mean']} per example); {stats['examples_short_before_fallback']:,} had "
-          f"fewer than {opts['min_negatives']} in [{window['lo']:g}, {window['hi']:g}) and got the fallback; "
-          f"{seconds['total']} s -> {out_dir}")
+          f"({stats['negatives']['per_example_mean']} per example); "
+          f"{stats['examples_short_before_fallback']:,} had fewer than {opts['min_negatives']} in "
+          f"[{window['lo']:g}, {window['hi']:g}) and got the fallback; {seconds['total']} s -> {out_dir}")
     return stats

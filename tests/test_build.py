@@ -5,6 +5,7 @@ Inputs are real subsets of the shared data written in the import stage's layout.
 the rule has to find it by its text, as it must across sources.  The checks use a brute-force reference
 written here: every (evaluation query, training text) pair compared by normalised text and exact Jaccard.
 """
+
 from __future__ import annotations
 
 import csv
@@ -24,6 +25,9 @@ from data_pipeline.io import DataError
 
 SOURCES = ("cmedqa2_pairs", "kuake_qqr", "kuake_qtr")
 NEAR = "请问医生"  # prepended to a test question to plant a near duplicate in the dev training split
+# (source, file prefix, the two JSON fields, their roles) of the KUAKE sets used here.
+KUAKE = (("kuake_qqr", "cblue_kuake_qqr/KUAKE-QQR", ("query1", "query2"), ("query", "query")),
+         ("kuake_qtr", "cblue_kuake_qtr/KUAKE-QTR", ("query", "title"), ("query", "title")))
 
 
 def norm(text: str) -> str:
@@ -34,7 +38,7 @@ def norm(text: str) -> str:
 
 @functools.cache
 def grams(text: str) -> frozenset[str]:
-    return frozenset({text[i:i + 3] for i in range(len(text) - 2)} if len(text) > 3 else {text})
+    return frozenset({text[i : i + 3] for i in range(len(text) - 2)} if len(text) > 3 else {text})
 
 
 def jaccard(a: str, b: str) -> float:
@@ -49,7 +53,8 @@ def tid(source: str, role: str, split: str, text: str) -> str:
 @pytest.fixture(scope="module")
 def import_dir(tmp_path_factory, shared) -> Path:
     """cMedQA2 pairs dev + test (trusted questions, 1-2 positives, as the import stage keeps them) with one
-    planted near duplicate; KUAKE-QQR train (label 2) + dev; KUAKE-QTR train (label 3) + dev: real rows."""
+    planted near duplicate; KUAKE-QQR train + dev, plus a dev query planted as a training positive; KUAKE-QTR
+    train + dev, plus a dev pair planted in train."""
     out = tmp_path_factory.mktemp("import")
     texts, pairs, lists = {}, [], []
 
@@ -60,8 +65,9 @@ def import_dir(tmp_path_factory, shared) -> Path:
 
     groups = {}
     for split in ("dev", "test"):
-        rows = csv.reader(open(shared / "chineseblue_cmedqa2_pairs" / f"{split}.txt", encoding="utf-8"), delimiter="\t")
         grouped = defaultdict(list)
+        with open(shared / "chineseblue_cmedqa2_pairs" / f"{split}.txt", encoding="utf-8", newline="") as fh:
+            rows = list(csv.reader(fh, delimiter="\t"))
         for label, q, a in rows:
             grouped[q.strip()].append((a.strip(), int(label)))
         groups[split] = {q: c for q, c in grouped.items() if 1 <= sum(lab for _, lab in c) <= 2}
@@ -72,35 +78,63 @@ def import_dir(tmp_path_factory, shared) -> Path:
     for split, grouped in groups.items():
         for q, cands in grouped.items():
             qid = text("cmedqa2_pairs", "question", split, q)
-            lists.append({"id": f"cmedqa2_pairs:{split}:{qid}", "source": "cmedqa2_pairs", "split": split,
-                          "query_id": qid, "candidates": [{"id": text("cmedqa2_pairs", "answer", split, a), "label": lab}
-                                                          for a, lab in cands]})
-    for source, folder, (f1, f2), roles, n in (
-            ("kuake_qqr", "cblue_kuake_qqr/KUAKE-QQR", ("query1", "query2"), ("query", "query"), {"train": 2000, "dev": 300}),
-            ("kuake_qtr", "cblue_kuake_qtr/KUAKE-QTR", ("query", "title"), ("query", "title"), {"train": 2000, "dev": 300})):
-        for split, limit in n.items():
-            for row in json.load(open(shared / f"{folder}_{split}.json", encoding="utf-8"))[:limit]:
+            lists.append(
+                {
+                    "id": f"cmedqa2_pairs:{split}:{qid}",
+                    "source": "cmedqa2_pairs",
+                    "split": split,
+                    "query_id": qid,
+                    "candidates": [
+                        {"id": text("cmedqa2_pairs", "answer", split, a), "label": lab} for a, lab in cands
+                    ],
+                }
+            )
+    for source, folder, (f1, f2), roles in KUAKE:
+        for split, limit in (("train", 2000), ("dev", 300)):
+            for row in json.loads((shared / f"{folder}_{split}.json").read_text(encoding="utf-8"))[:limit]:
                 if source == "kuake_qqr" and split == "dev" and row["id"] == "s9":
                     continue
-                pairs.append({"id": f"{source}:{split}:{row['id']}", "source": source, "split": split,
-                              "text1_id": text(source, roles[0], split, row[f1]),
-                              "text2_id": text(source, roles[1], split, row[f2]), "label": int(row["label"])})
+                pairs.append(
+                    {
+                        "id": f"{source}:{split}:{row['id']}",
+                        "source": source,
+                        "split": split,
+                        "text1_id": text(source, roles[0], split, row[f1]),
+                        "text2_id": text(source, roles[1], split, row[f2]),
+                        "label": int(row["label"]),
+                    }
+                )
+    # A KUAKE-QTR dev (query, relevant title) pair planted as a training pair: a relevant-pair leak.
+    dev = next(p for p in pairs if p["source"] == "kuake_qtr" and p["split"] == "dev" and p["label"] == 3)
+    pairs.append(
+        {
+            **dev,
+            "id": "kuake_qtr:train:planted",
+            "split": "train",
+            "text1_id": text("kuake_qtr", "query", "train", texts[dev["text1_id"]]["text"]),
+            "text2_id": text("kuake_qtr", "title", "train", texts[dev["text2_id"]]["text"]),
+        }
+    )
+    # A KUAKE-QQR dev query planted as the paraphrase (the positive) of a training query: a text leak.
+    train = next(p for p in pairs if p["source"] == "kuake_qqr" and p["split"] == "train" and p["label"] == 2)
+    dev = next(p for p in pairs if p["source"] == "kuake_qqr" and p["split"] == "dev")
+    pairs.append(
+        {
+            **train,
+            "id": "kuake_qqr:train:planted",
+            "text2_id": text("kuake_qqr", "query", "train", texts[dev["text1_id"]]["text"]),
+        }
+    )
     for name, rows in (("texts", texts.values()), ("pairs", pairs), ("candidates", lists)):
         with open(out / f"{name}.jsonl", "w", encoding="utf-8") as fh:
             fh.writelines(json.dumps(r, ensure_ascii=False) + "\n" for r in rows)
     return out
 
 
-@functools.cache
-def wiring() -> list[str]:
-    """`+pipeline@build=build` until conf/data_pipeline.yaml composes the build group itself."""
-    return [] if "build" in load_config("data_pipeline") else ["+pipeline@build=build"]
-
-
 def compose(import_dir: Path, out: Path, *extra: str):
     """The real build config, its rules and evaluation sets restricted to the sources written above,
     with no max_examples caps (so every clean example must come out)."""
-    cfg = load_config("data_pipeline", [*wiring(), f"out_root={out}", f"build.input_dir={import_dir}", *extra])
+    cfg = load_config("data_pipeline", [f"out_root={out}", f"build.input_dir={import_dir}", *extra])
     with open_dict(cfg):
         cfg.build.rules = [{**r, "max_examples": None} for r in cfg.build.rules if r.source in SOURCES]
         cfg.build.eval_sets = [e for e in cfg.build.eval_sets if e.source in SOURCES]
@@ -111,18 +145,30 @@ def rows(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
 
 
-def brute_force(import_dir: Path, cfg) -> tuple[dict, dict]:
-    """Eval set name -> normalised queries, and the training examples before any rule (query -> positives)."""
+def brute_force(import_dir: Path, cfg) -> tuple[dict, dict, dict]:
+    """Per eval set its normalised queries and relevant pairs, and the training examples before the
+    leakage rule: (rule, query id) -> (query text, positive texts)."""
     texts = {r["id"]: r["text"] for r in rows(import_dir / "texts.jsonl")}
     pairs, lists = rows(import_dir / "pairs.jsonl"), rows(import_dir / "candidates.jsonl")
     queries = defaultdict(set)  # eval set name -> normalised queries
+    relevant = defaultdict(set)  # eval set name -> {normalised query, normalised relevant document}
     for e in cfg.build.eval_sets:
+        least = e.relevant_min_label if e.relevant_min_label is not None else float("-inf")
         for p in pairs:
             if (p["source"], p["split"]) == (e.source, e.split):
-                queries[e.name] |= {norm(texts[p[f"text{k + 1}_id"]]) for k, role in enumerate(e.roles) if role == "query"}
+                queries[e.name] |= {
+                    norm(texts[p[f"text{k + 1}_id"]]) for k, role in enumerate(e.roles) if role == "query"
+                }
+                if p["label"] >= least:
+                    relevant[e.name].add(frozenset((norm(texts[p["text1_id"]]), norm(texts[p["text2_id"]]))))
         for c in lists:
             if (c["source"], c["split"]) == (e.source, e.split):
                 queries[e.name].add(norm(texts[c["query_id"]]))
+                relevant[e.name] |= {
+                    frozenset((norm(texts[c["query_id"]]), norm(texts[d["id"]])))
+                    for d in c["candidates"]
+                    if d["label"] >= least
+                }
     examples = defaultdict(list)
     for r in cfg.build.rules:
         for p in pairs:
@@ -130,28 +176,32 @@ def brute_force(import_dir: Path, cfg) -> tuple[dict, dict]:
                 examples[(r.name, p["text1_id"])].append(p["text2_id"])
         for c in lists:
             if (c["source"], c["split"]) == (r.source, r.split):
-                examples[(r.name, c["query_id"])] += [d["id"] for d in c["candidates"] if d["label"] >= r.min_label]
-    return ({k: frozenset(v) for k, v in queries.items()},
-            {k: (texts[k[1]], [texts[p] for p in v if p != k[1]]) for k, v in examples.items()})
+                examples[(r.name, c["query_id"])] += [
+                    d["id"] for d in c["candidates"] if d["label"] >= r.min_label
+                ]
+    return (
+        {k: frozenset(v) for k, v in queries.items()},
+        relevant,
+        {k: (texts[k[1]], [texts[p] for p in dict.fromkeys(v) if p != k[1]]) for k, v in examples.items()},
+    )
 
 
 @functools.cache
-def by_length(evals: frozenset[str]) -> dict[int, list[str]]:
+def gram_index(evals: frozenset[str]) -> dict[str, list[str]]:
     table = defaultdict(list)
     for e in evals:
-        table[len(e)].append(e)
+        for g in grams(e):
+            table[g].append(e)
     return table
 
 
+@functools.cache
 def leaks(text: str, evals: frozenset[str]) -> bool:
-    """Exact after normalisation, or trigram Jaccard >= 0.8 with some evaluation query.  Only lengths
-    that can reach 0.8 are compared (Jaccard <= smaller set / larger set), which changes no answer."""
+    """Exact after normalisation, or trigram Jaccard >= 0.8 with some evaluation query.  Only queries
+    sharing a trigram are compared (Jaccard 0 otherwise), which changes no answer."""
     t = norm(text)
-    if t in evals:
-        return True
-    table = by_length(evals)
-    return any(jaccard(t, e) >= 0.8 for n in range(int(0.8 * len(t)) - 3, int(len(t) / 0.8) + 4)
-               for e in table.get(n, ()))
+    table = gram_index(evals)
+    return t in evals or any(jaccard(t, e) >= 0.8 for e in {e for g in grams(t) for e in table.get(g, ())})
 
 
 def test_leakage_rule_against_brute_force(import_dir, tmp_path):
@@ -159,7 +209,7 @@ def test_leakage_rule_against_brute_force(import_dir, tmp_path):
     stats = build.run(cfg)
     out = tmp_path / "build"
     report = json.loads((out / "leakage.json").read_text(encoding="utf-8"))
-    evals, before = brute_force(import_dir, cfg)
+    evals, relevant, before = brute_force(import_dir, cfg)
     every_eval = frozenset().union(*evals.values())
     texts = {r["id"]: r["text"] for r in rows(out / "texts.jsonl")}
     kept = rows(out / "examples.jsonl")
@@ -172,10 +222,19 @@ def test_leakage_rule_against_brute_force(import_dir, tmp_path):
     for name, queries in evals.items():
         expected = sum(leaks(q, queries) for q, _ in before.values())
         assert report["eval_sets"][name]["before"]["as_query"] == expected, name
+        pairs = sum(
+            frozenset((norm(q), norm(p))) in relevant[name] for q, pos in before.values() for p in pos
+        )
+        assert report["eval_sets"][name]["before"]["relevant_pairs"] == pairs, name
+    for kind in ("as_query", "as_text", "near", "relevant_pairs"):  # the planted cases: every kind occurs
+        assert sum(e["before"][kind] for e in report["eval_sets"].values()) > 0, kind
     # Nothing clean was removed: every example whose query and positives are all clean is kept whole
     # (the rules' max_examples caps are far above these subsets).
-    clean = {(name, q): pos for (name, _), (q, pos) in before.items()
-             if pos and not leaks(q, every_eval) and not any(leaks(p, every_eval) for p in pos)}
+    clean = {
+        (name, q): pos
+        for (name, _), (q, pos) in before.items()
+        if pos and not leaks(q, every_eval) and not any(leaks(p, every_eval) for p in pos)
+    }
     got = {(e["rule"], texts[e["query_id"]]): [texts[p] for p in e["pos_ids"]] for e in kept}
     for key, pos in clean.items():
         assert got.get(key) == list(dict.fromkeys(pos)), key
@@ -199,7 +258,9 @@ def test_dev_test_shared_questions_caught(import_dir, tmp_path):
     assert not {norm(q) for q in dev} & test_q
     assert not [q for q in dev if q.startswith(NEAR)]
     assert len(dev) == len(dev_q) - len(shared) - 1  # exactly those, and nothing else, went
-    entry = json.loads((out / "leakage.json").read_text(encoding="utf-8"))["eval_sets"]["cmed_v2 (cMedQA2 test)"]
+    entry = json.loads((out / "leakage.json").read_text(encoding="utf-8"))["eval_sets"][
+        "cmed_v2 (cMedQA2 test)"
+    ]
     assert entry["before"]["as_query"] == len(shared) + 1 and entry["before"]["near"] >= 1
 
 
@@ -224,7 +285,9 @@ def test_bad_inputs(import_dir, tmp_path):
     pairs = (bad / "pairs.jsonl").read_text(encoding="utf-8").splitlines()
     row = json.loads(pairs[2])
     row["text2_id"] = "kuake_qqr:query:train:nope"
-    (bad / "pairs.jsonl").write_text("\n".join(pairs[:2] + [json.dumps(row)] + pairs[3:]) + "\n", encoding="utf-8")
+    (bad / "pairs.jsonl").write_text(
+        "\n".join(pairs[:2] + [json.dumps(row)] + pairs[3:]) + "\n", encoding="utf-8"
+    )
     with pytest.raises(DataError, match=r"pairs.jsonl, line 3, field 'text2_id': unknown text id"):
         build.run(compose(bad, tmp_path, f"build.input_dir={bad}"))
     (bad / "pairs.jsonl").write_text("\n".join(pairs) + "\n", encoding="utf-8")
@@ -245,39 +308,74 @@ def test_bad_inputs(import_dir, tmp_path):
     assert not (tmp_path / "build").exists()  # a refused run writes nothing
 
 
-def test_flag_export_round_trip(import_dir, tmp_path):
-    """Id-based examples -> FlagEmbedding JSON Lines -> back to ids; and FlagEmbedding's own training
-    dataset reads the file and samples its passages from pos and neg."""
-    from FlagEmbedding.abc.finetune.embedder.AbsArguments import AbsEmbedderDataArguments
-    from FlagEmbedding.abc.finetune.embedder.AbsDataset import AbsEmbedderTrainDataset
-
+@pytest.fixture
+def flag_files(import_dir, tmp_path) -> tuple[list[dict], Path, Path]:
+    """Id-based training rows over the build stage's texts (negatives: other examples' positives), and
+    their FlagEmbedding export."""
     build.run(compose(import_dir, tmp_path))
     out = tmp_path / "build"
     examples = rows(out / "examples.jsonl")[:50]
     pool = [p for e in examples for p in e["pos_ids"]]
-    train = [{"query_id": e["query_id"], "pos_ids": e["pos_ids"],
-              "neg_ids": [p for p in pool[i:i + 12] if p not in e["pos_ids"]][:9],
-              "neg_scores": [round(0.5 + k / 100, 3) for k in range(len([p for p in pool[i:i + 12] if p not in e["pos_ids"]][:9]))]}
-             for i, e in enumerate(examples)]
+    train = []
+    for i, e in enumerate(examples):
+        negs = [p for p in pool[i : i + 12] if p not in e["pos_ids"]][:9]
+        train.append(
+            {
+                "query_id": e["query_id"],
+                "pos_ids": e["pos_ids"],
+                "neg_ids": negs,
+                "neg_scores": [round(0.5 + k / 100, 3) for k in range(len(negs))],
+            }
+        )
     (tmp_path / "train.jsonl").write_text("".join(json.dumps(t) + "\n" for t in train), encoding="utf-8")
     n = build.export_flag(tmp_path / "train.jsonl", out / "texts.jsonl", tmp_path / "flag.jsonl")
-    flag = rows(tmp_path / "flag.jsonl")
-    assert n == len(flag) == len(train)
+    assert n == len(train)
+    return train, out / "texts.jsonl", tmp_path / "flag.jsonl"
+
+
+def test_flag_export_round_trip(flag_files, tmp_path):
+    """Id-based examples -> FlagEmbedding JSON Lines -> back to ids."""
+    train, texts_path, flag_path = flag_files
+    flag = rows(flag_path)
+    assert len(flag) == len(train) and all(set(f) == {"query", "pos", "neg", "neg_scores"} for f in flag)
     ids_of = defaultdict(set)
-    for r in rows(out / "texts.jsonl"):
+    for r in rows(texts_path):
         ids_of[r["text"]].add(r["id"])
     for t, f in zip(train, flag):
         assert t["query_id"] in ids_of[f["query"]] and f["neg_scores"] == t["neg_scores"]
         for side in ("pos", "neg"):
             assert len(f[side]) == len(t[f"{side}_ids"])
             assert all(i in ids_of[x] for i, x in zip(t[f"{side}_ids"], f[side]))
-    args = AbsEmbedderDataArguments(train_data=[str(tmp_path / "flag.jsonl")], cache_path=str(tmp_path / "hf"),
-                                    train_group_size=4)
-    dataset = AbsEmbedderTrainDataset(args, tokenizer=None)
-    assert len(dataset) == len(flag)
-    query, passages, _ = dataset[3]
-    assert query == flag[3]["query"] and passages[0] in flag[3]["pos"] and set(passages[1:]) <= set(flag[3]["neg"])
     broken = train[:1] + [{**train[1], "neg_ids": ["nope"]}]
     (tmp_path / "broken.jsonl").write_text("".join(json.dumps(t) + "\n" for t in broken), encoding="utf-8")
     with pytest.raises(DataError, match=r"broken.jsonl, line 2, field 'neg_ids': unknown text id 'nope'"):
-        build.export_flag(tmp_path / "broken.jsonl", out / "texts.jsonl", tmp_path / "flag2.jsonl")
+        build.export_flag(tmp_path / "broken.jsonl", texts_path, tmp_path / "flag2.jsonl")
+    assert not (tmp_path / "flag2.jsonl").exists()
+
+
+@pytest.mark.slow  # importing FlagEmbedding takes ~15 s here
+def test_flagembedding_reads_the_export(flag_files, tmp_path):
+    """FlagEmbedding's own training dataset loads the file and samples 1 positive + negatives from it."""
+    from FlagEmbedding.abc.finetune.embedder.AbsArguments import AbsEmbedderDataArguments
+    from FlagEmbedding.abc.finetune.embedder.AbsDataset import AbsEmbedderTrainDataset
+
+    _, _, flag_path = flag_files
+    flag = rows(flag_path)
+    args = AbsEmbedderDataArguments(
+        train_data=[str(flag_path)], cache_path=str(tmp_path / "hf"), train_group_size=4
+    )
+    dataset = AbsEmbedderTrainDataset(args, tokenizer=None)
+    assert len(dataset) == len(flag)
+    for i in (0, 3, len(flag) - 1):
+        query, passages, _ = dataset[i]
+        assert query == flag[i]["query"] and passages[0] in flag[i]["pos"]
+        assert len(passages) == 4 and set(passages[1:]) <= set(flag[i]["neg"])
+
+
+def test_config_names_what_the_import_stage_reads():
+    """Every rule and evaluation set of conf/pipeline/build.yaml names a source and split of conf/data."""
+    cfg = load_config("data_pipeline")
+    for spec in [*cfg.build.rules, *cfg.build.eval_sets]:
+        assert spec.source in cfg.data.sources, spec.name
+        source = cfg.data.sources[spec.source]
+        assert spec.split in (source.files if "files" in source else source.splits), spec.name

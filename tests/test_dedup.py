@@ -23,7 +23,7 @@ from data_pipeline.dedup.clusters import clusters_from_edges, survivors
 from data_pipeline.dedup.exact import exact_clusters
 from data_pipeline.dedup.minhash import choose_bands_rows, minhash_pairs, s_curve
 from data_pipeline.dedup.normalize import Normalizer
-from data_pipeline.dedup.semantic import EmbeddingCache, cosine_pairs, nearest_neighbour_cosine
+from data_pipeline.dedup.semantic import cosine_pairs, embed, nearest_neighbour_cosine
 from data_pipeline.dedup.stage import ThresholdError, load_rows, run, semantic_thresholds
 from data_pipeline.io import DataError
 from data_pipeline.planted import plant, shared_texts
@@ -228,7 +228,7 @@ def test_semantic_pairs_match_bruteforce_cosine(tiny_vectors):
     assert np.allclose(nn, full.max(1), atol=1e-5)
 
 
-def test_embedding_cache_encodes_each_text_once(tiny_vectors, tmp_path):
+def test_embeddings_are_cached_by_encoder_and_text(tiny_vectors, tmp_path):
     enc, texts, v = tiny_vectors
     calls = []
 
@@ -239,14 +239,13 @@ def test_embedding_cache_encodes_each_text_once(tiny_vectors, tmp_path):
             calls.append(len(batch))
             return enc.encode_documents(batch, **kw)
 
-    cache = EmbeddingCache(tmp_path, Spy())
-    first = cache.encode(texts[:100], show_progress=False)
-    assert calls == [100] and cache.encoded == 100
-    again = cache.encode(texts[:100], show_progress=False)
-    assert calls == [100] and cache.hits == 100
+    first, hits, encoded = embed(Spy(), texts[:100], cache_root=tmp_path)
+    assert calls == [100] and (hits, encoded) == (0, 100)
+    again, hits, encoded = embed(Spy(), texts[:100], cache_root=tmp_path)
+    assert calls == [100] and (hits, encoded) == (100, 0)
     np.testing.assert_array_equal(first, again)
-    grown = cache.encode(texts[:101], show_progress=False)
-    assert calls == [100, 1]
+    grown, _, encoded = embed(Spy(), texts[:101], cache_root=tmp_path)
+    assert calls == [100, 1] and encoded == 1
     np.testing.assert_allclose(grown, v[:101], atol=1e-5)
 
 
@@ -323,15 +322,16 @@ def test_role_and_source_filters(tmp_path):
 
 # ---- 6. the stage, end to end through the CLI ------------------------------------------------------------
 
-def test_stage_end_to_end_cli(tmp_path, tiny_bert_dir, planted):
-    rows = planted[0][:300]
+def test_stage_end_to_end_cli(tmp_path, tiny_bert_dir):
+    texts = random.Random(3).sample(shared_texts(), 150)
+    rows, pairs = plant(texts, n_exact=10, n_variant=10, n_near=30, ngram=2, seed=4)
     src = tmp_path / "texts.jsonl"
     src.write_text("".join(json.dumps({**r, "role": "answer", "source": "x"}, ensure_ascii=False) + "\n"
                            for r in rows), encoding="utf-8")
     out = tmp_path / "dedup"
     cmd = [sys.executable, "-m", "data_pipeline", *dedup_overrides(), "stage=dedup", f"++input={src}",
            f"++out={out}", "model=tiny_bert", f"model.path={tiny_bert_dir}", "model.pooling=mean",
-           "dedup.semantic.cosine=0.98",
+           "dedup.semantic.cosine=0.99",
            f"dedup.semantic.cache={tmp_path / 'cache'}", "dedup.sources=[x]",
            f"hydra.run.dir={tmp_path / 'hydra'}"]
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "WANDB_MODE": "disabled"}
@@ -354,11 +354,18 @@ def test_stage_end_to_end_cli(tmp_path, tiny_bert_dir, planted):
         if c["stage"] == "exact":
             assert c["min_edge_similarity"] == 1.0
         else:
-            assert c["min_edge_similarity"] >= (0.8 if c["stage"] == "minhash" else 0.98) - 1e-6
+            assert c["min_edge_similarity"] >= (0.8 if c["stage"] == "minhash" else 0.99) - 1e-6
     assert {c["stage"] for c in clusters} >= {"exact", "minhash"}
+    stage_of = {r: c["stage"] for c in clusters for r in c["removed_ids"]}
+    for p in pairs:   # of each planted pair the later one goes, at the stage that should catch it
+        later = max(p.original, p.copy, key=order.get)
+        if p.kind != "near":
+            assert stage_of.get(later) == "exact"
+        elif p.jaccard >= 0.8:
+            assert stage_of.get(later) in ("exact", "minhash", "semantic")
 
     s = stats["stages"]
-    assert s["exact"]["in"] == 300 and s["exact"]["out"] == s["minhash"]["in"]
+    assert s["exact"]["in"] == len(rows) == 200 and s["exact"]["out"] == s["minhash"]["in"]
     assert s["minhash"]["out"] == s["semantic"]["in"] and s["semantic"]["out"] == len(kept)
     for name in ("exact", "minhash", "semantic"):
         assert s[name]["in"] - s[name]["out"] == sum(len(c["removed_ids"]) for c in clusters if c["stage"] == name)

@@ -232,6 +232,11 @@ def test_multi_head_encoder_scores_sparse_colbert_and_hybrid(samples):
                for qid, judged in data.qrels.items()}
         assert got[method]["map_cut_10"] == pytest.approx(trec(run, data.qrels, ["map_cut_10"])["map_cut_10"], abs=1e-6), method
     assert len({round(got[m]["map_cut_10"], 6) for m in scorer.methods}) > 1  # the heads really differ
+    weights = {"dense": 0.5, "sparse": 2.0, "colbert": 0.0}  # configurable hybrid weights
+    reweighted = run_reranking(data, EncoderScorer(enc, hybrid_weights=weights, show_progress=False), ["map_cut_10"])
+    run = {qid: dict(zip(judged, ref_scores(enc, data.queries[qid], [data.docs[d] for d in judged],
+                                            (0.5, 2.0, 0.0))["hybrid"].tolist())) for qid, judged in data.qrels.items()}
+    assert reweighted["hybrid"]["map_cut_10"] == pytest.approx(trec(run, data.qrels, ["map_cut_10"])["map_cut_10"], abs=1e-6)
 
     # retrieval: sparse is exact over the corpus; ColBERT/hybrid rescore a pool that here covers every doc
     ret = load_task("retrieval", samples["retrieval"])
@@ -471,3 +476,17 @@ def test_stand_in_builder_matches_the_raw_files(shared, tmp_path):
     mtime = (out / "sts" / "dev.jsonl").stat().st_mtime_ns
     assert build("cmedteb_open", data, tmp_path).get("skipped") is True  # idempotent
     assert (out / "sts" / "dev.jsonl").stat().st_mtime_ns == mtime
+
+
+def test_a_cmedqa2_release_folder_loads_as_retrieval(shared):
+    """cEpilepsyQA ships in cMedQA2's release format: the loader behind `cmedqa2_release` (reader: cmedqa_release)."""
+    data = load_task("retrieval", shared / "cepilepsyqa", split="test", reader="cmedqa_release")
+    with open(shared / "cepilepsyqa" / "answer.csv", encoding="utf-8", newline="") as fh:
+        answers = {r["ans_id"]: r["content"].strip() for r in csv.DictReader(fh)}
+    with open(shared / "cepilepsyqa" / "test_candidates.txt", encoding="utf-8", newline="") as fh:
+        rows = list(csv.DictReader(fh))
+    assert sorted(data.docs.values()) == sorted(answers.values())  # the corpus is every answer
+    assert len(data.queries) == len({r["question_id"] for r in rows})
+    positives = {(r["question_id"], r["ans_id"]) for r in rows if r["label"] == "1"}
+    got = {(q.split(":", 2)[2], d.split(":", 2)[2]) for q, j in data.qrels.items() for d, g in j.items() if g >= 1}
+    assert got == positives

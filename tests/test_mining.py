@@ -1,9 +1,9 @@
 """Hard-negative mining (data_pipeline/mining.py) on a real subset of cEpilepsyQA and cMedQQ with a tiny
 encoder, checked against a brute-force numpy top-K written here from the rules in the module docstring."""
+
 from __future__ import annotations
 
 import csv
-import functools
 import hashlib
 import json
 import unicodedata
@@ -30,14 +30,26 @@ def norm(text: str) -> str:
     return " ".join(unicodedata.normalize("NFKC", text).lower().split())
 
 
+def read_csv(path: Path, header: bool = True, **kw) -> list:
+    """Rows of a CSV/TSV file: dicts by the header, or lists without one."""
+    with open(path, encoding="utf-8", newline="") as fh:
+        return list(csv.DictReader(fh, **kw) if header else csv.reader(fh, **kw))
+
+
 @pytest.fixture(scope="module")
 def spread_bert(tmp_path_factory) -> Path:
     """A tiny BERT whose CLS cosines spread over ~0.25-0.87 on real text (the default init puts every pair
     near 1.0, which would leave no window to test)."""
     tok = chinese_tokenizer()
     torch.manual_seed(0)
-    cfg = BertConfig(vocab_size=tok.vocab_size, hidden_size=64, num_hidden_layers=2, num_attention_heads=2,
-                     intermediate_size=128, initializer_range=0.5)
+    cfg = BertConfig(
+        vocab_size=tok.vocab_size,
+        hidden_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        intermediate_size=128,
+        initializer_range=0.5,
+    )
     out = tmp_path_factory.mktemp("spread-bert")
     BertModel(cfg, add_pooling_layer=False).save_pretrained(out)
     tok.save_pretrained(out)
@@ -48,16 +60,16 @@ def spread_bert(tmp_path_factory) -> Path:
 def build_dir(tmp_path_factory, shared) -> Path:
     """The build stage's files for a real subset: 100 cEpilepsyQA train questions -> their answers (pool
     answers) and 60 cMedQQ paraphrase pairs (pool questions), plus planted cases:
-    - `dup`: a second example asking example 0's question (another id) with another real answer;
-    - `two`: example 1 gets a second positive (another question's answer);
+    - "dup:question": a second example asking example 0's question (another id), another real answer;
+    - example 1 gets a second positive (another question's answer);
+    - examples 60-79 get a second positive each: a copy of example 10-29's answer (a leading space);
     - a dedup chain: exact kept P0 (example 0's answer) and removed Z; MinHash kept Y (example 7's answer)
       and removed P0.  So {Y, P0, Z} is one cluster; P0 and Z were removed by dedup."""
     out = tmp_path_factory.mktemp("build")
     folder = shared / "cepilepsyqa"
-    questions = {r["question_id"]: r["content"] for r in csv.DictReader(open(folder / "question.csv", encoding="utf-8"))}
-    answers = list(csv.DictReader(open(folder / "answer.csv", encoding="utf-8")))
-    held = {r["question_id"] for s in ("dev", "test")
-            for r in csv.DictReader(open(folder / f"{s}_candidates.txt", encoding="utf-8"))}
+    questions = {r["question_id"]: r["content"] for r in read_csv(folder / "question.csv")}
+    answers = read_csv(folder / "answer.csv")
+    held = {r["question_id"] for s in ("dev", "test") for r in read_csv(folder / f"{s}_candidates.txt")}
     train = [a for a in answers if a["question_id"] not in held][:106]
     texts, examples = {}, []
     for a in train[:100]:
@@ -70,7 +82,11 @@ def build_dir(tmp_path_factory, shared) -> Path:
     texts["dup:question"] = texts[examples[0]["query_id"]] + " "  # same question after normalisation
     examples.append({"query_id": "dup:question", "pos_ids": [spare[0]], "rule": "planted", "pool": "answers"})
     examples[1]["pos_ids"].append(spare[1])
-    rows = list(csv.reader(open(shared / "chineseblue_cmedqq" / "train.txt", encoding="utf-8"), delimiter="\t"))
+    # Copies of example k's answer (equal after normalisation) answering example k + 50.
+    for k in range(10, 30):
+        texts[f"copy:{k}"] = " " + texts[examples[k]["pos_ids"][0]]
+        examples[k + 50]["pos_ids"].append(f"copy:{k}")
+    rows = read_csv(shared / "chineseblue_cmedqq" / "train.txt", header=False, delimiter="\t")
     for label, q1, q2 in [r for r in rows if r[0] == "1"][:60]:
         i1, i2 = (f"cmedqq:query:{hashlib.md5(t.encode()).hexdigest()[:12]}" for t in (q1, q2))
         texts[i1], texts[i2] = q1, q2
@@ -88,16 +104,10 @@ def build_dir(tmp_path_factory, shared) -> Path:
     return out
 
 
-@functools.cache
-def wiring() -> list[str]:
-    """`+pipeline@mine=mine` until conf/data_pipeline.yaml composes the mine group itself."""
-    return [] if "mine" in load_config("data_pipeline") else ["+pipeline@mine=mine"]
-
-
 def compose(build_dir: Path, out: Path, model_dir: Path, *extra: str):
     return load_config("data_pipeline", [
-        *wiring(), "model=tiny_bert", f"model.path={model_dir}", "model.max_length=64", f"out_root={out}", f"mine.input_dir={build_dir}",
-        f"mine.dedup_clusters={build_dir}/clusters.jsonl", f"mine.top_k={TOP_K}",
+        "model=tiny_bert", f"model.path={model_dir}", "model.max_length=64", f"out_root={out}",
+        f"mine.input_dir={build_dir}", f"mine.dedup_clusters={build_dir}/clusters.jsonl", f"mine.top_k={TOP_K}",
         f"mine.cache={build_dir}/embedding-cache", *extra])
 
 
@@ -148,8 +158,13 @@ def reference(build_dir: Path, cfg, lo: float, hi: float, similarity: str):
         sims = q @ cands.T
         for a, e in enumerate(ex):
             qa = e["query_id"]
-            same = {b for b, f in enumerate(ex) if f["query_id"] == qa or norm(texts[f["query_id"]]) == norm(texts[qa])
-                    or (qa in cluster and f["query_id"] in cluster[qa])}
+            same = {
+                b
+                for b, f in enumerate(ex)
+                if f["query_id"] == qa
+                or norm(texts[f["query_id"]]) == norm(texts[qa])
+                or (qa in cluster and f["query_id"] in cluster[qa])
+            }
             banned = set(removed) | {p for b in same for p in ex[b]["pos_ids"]}
             for p in e["pos_ids"]:
                 banned |= cluster.get(p, set())
@@ -170,14 +185,21 @@ def reference(build_dir: Path, cfg, lo: float, hi: float, similarity: str):
                         fuzzy.add(d)
                     elif lo <= s < hi and d not in found:
                         found[d] = s
-            out[idx[a]] = {"found": found, "fuzzy": fuzzy, "banned": banned, "pool_texts": {p for f in ex for p in f["pos_ids"]}}
+            out[idx[a]] = {
+                "found": found,
+                "fuzzy": fuzzy,
+                "banned": banned,
+                "pool_texts": {p for f in ex for p in f["pos_ids"]},
+            }
     return examples, texts, out
 
 
 @pytest.mark.parametrize("similarity", ["question", "document"])
 def test_mined_negatives_match_brute_force(build_dir, spread_bert, window, tmp_path, similarity):
     lo, hi = window
-    cfg = compose(build_dir, tmp_path, spread_bert, f"mine.window=[{lo},{hi}]", f"mine.similarity={similarity}")
+    cfg = compose(
+        build_dir, tmp_path, spread_bert, f"mine.window=[{lo},{hi}]", f"mine.similarity={similarity}"
+    )
     stats = mining.run(cfg)
     rows = load_rows(tmp_path / "train" / "train.jsonl")
     examples, texts, ref = reference(build_dir, cfg, lo, hi, similarity)
@@ -197,6 +219,7 @@ def test_mined_negatives_match_brute_force(build_dir, spread_bert, window, tmp_p
         # Never a positive, a same-question answer, a positive's cluster member or a dedup-removed text;
         # always a text of the example's own pool.
         assert not set(r["neg_ids"]) & want["banned"]
+        assert not {norm(texts[d]) for d in r["neg_ids"]} & {norm(texts[p]) for p in want["banned"]}
         assert set(r["neg_ids"]) <= want["pool_texts"]
         assert len(set(r["neg_ids"])) == len(r["neg_ids"])
         assert all(s < hi for s in r["neg_scores"])  # the fallback never crosses hi either
@@ -216,14 +239,21 @@ def test_mined_negatives_match_brute_force(build_dir, spread_bert, window, tmp_p
     assert dup["pos_ids"][0] not in rows[0]["neg_ids"]
     assert y not in rows[0]["neg_ids"]
     assert not any({p0, "dedup:Z"} & set(r["neg_ids"]) for r in rows)
-    assert stats["window"] == {"lo": lo, "hi": hi, "source": "explicit override (mine.window)", "calibrated_for": None}
+    assert stats["window"] == {
+        "lo": lo,
+        "hi": hi,
+        "source": "explicit override (mine.window)",
+        "calibrated_for": None,
+    }
     assert stats["encoder"]["fingerprint"] == build_encoder(cfg.model).fingerprint
 
 
 def test_fallback_fills_from_below_then_random(build_dir, spread_bert, window, tmp_path):
     """A window so narrow that most examples need the fallback: nearest below lo first, flagged."""
-    lo, hi = window
-    cfg = compose(build_dir, tmp_path, spread_bert, f"mine.window=[{hi - 0.01},{hi}]", "mine.fallback=[below]")
+    hi = window[1]
+    cfg = compose(
+        build_dir, tmp_path, spread_bert, f"mine.window=[{hi - 0.01},{hi}]", "mine.fallback=[below]"
+    )
     stats = mining.run(cfg)
     rows = load_rows(tmp_path / "train" / "train.jsonl")
     assert stats["examples_with_fallback"] > len(rows) // 2
@@ -247,8 +277,14 @@ def test_stage_outputs_and_rerun_skipped(build_dir, spread_bert, window, tmp_pat
     cfg = compose(build_dir, tmp_path, spread_bert, f"mine.window=[{lo},{hi}]")
     first = mining.run(cfg)
     out = tmp_path / "train"
-    assert {p.name for p in out.iterdir()} == {"train.jsonl", "texts.jsonl", "flag_train.jsonl", "leakage.json",
-                                               "stats.json", "neg_similarity.png"}
+    assert {p.name for p in out.iterdir()} == {
+        "train.jsonl",
+        "texts.jsonl",
+        "flag_train.jsonl",
+        "leakage.json",
+        "stats.json",
+        "neg_similarity.png",
+    }
     assert (out / "neg_similarity.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     store = {r["id"] for r in load_rows(out / "texts.jsonl")}
     rows = load_rows(out / "train.jsonl")
@@ -256,7 +292,12 @@ def test_stage_outputs_and_rerun_skipped(build_dir, spread_bert, window, tmp_pat
     assert len(load_rows(out / "flag_train.jsonl")) == len(rows)
     again = mining.run(cfg)
     assert again.get("skipped") and again["fingerprint"] == first["fingerprint"]
-    assert mining.run(compose(build_dir, tmp_path, spread_bert, f"mine.window=[{lo},{hi + 0.01}]")).get("skipped") is None
+    assert (
+        mining.run(compose(build_dir, tmp_path, spread_bert, f"mine.window=[{lo},{hi + 0.01}]")).get(
+            "skipped"
+        )
+        is None
+    )
 
 
 def test_window_and_thresholds_refused(build_dir, spread_bert, tmp_path):
@@ -270,9 +311,16 @@ def test_window_and_thresholds_refused(build_dir, spread_bert, tmp_path):
     with pytest.raises(ThresholdError, match="calibrated_for is 'bge_m3'"):
         mining.run(cfg)
     cfg.model.thresholds.calibrated_for = "tiny_bert"
-    assert mining.mining_window(cfg) == {"lo": 0.5, "hi": 0.8, "source": "model.thresholds", "calibrated_for": "tiny_bert"}
+    assert mining.mining_window(cfg) == {
+        "lo": 0.5,
+        "hi": 0.8,
+        "source": "model.thresholds",
+        "calibrated_for": "tiny_bert",
+    }
     with pytest.raises(ValueError, match="mine.similarity"):
-        mining.run(compose(build_dir, tmp_path, spread_bert, "mine.window=[0.5,0.8]", "mine.similarity=answer"))
+        mining.run(
+            compose(build_dir, tmp_path, spread_bert, "mine.window=[0.5,0.8]", "mine.similarity=answer")
+        )
 
 
 def test_bad_inputs(build_dir, spread_bert, tmp_path):
@@ -282,11 +330,15 @@ def test_bad_inputs(build_dir, spread_bert, tmp_path):
         (bad / name).write_bytes((build_dir / name).read_bytes())
     ok = (build_dir / "examples.jsonl").read_text(encoding="utf-8").splitlines()
     cases = {
-        "unknown": (ok[:3] + [json.dumps({"query_id": "nope", "pos_ids": ["x"], "pool": "answers"})],
-                    r"examples.jsonl, line 4, field 'query_id': unknown text id 'nope'"),
+        "unknown": (
+            ok[:3] + [json.dumps({"query_id": "nope", "pos_ids": ["x"], "pool": "answers"})],
+            r"examples.jsonl, line 4, field 'query_id': unknown text id 'nope'",
+        ),
         "empty": ([], r"no training examples"),
-        "nopos": ([json.dumps({"query_id": json.loads(ok[0])["query_id"], "pos_ids": [], "pool": "answers"})],
-                  r"line 1, field 'pos_ids': an example with no positive"),
+        "nopos": (
+            [json.dumps({"query_id": json.loads(ok[0])["query_id"], "pos_ids": [], "pool": "answers"})],
+            r"line 1, field 'pos_ids': an example with no positive",
+        ),
     }
     for lines, message in cases.values():
         (bad / "examples.jsonl").write_text("\n".join(lines) + "\n", encoding="utf-8")

@@ -97,3 +97,34 @@ def test_refuses_another_configs_checkpoint_and_a_finished_run(setup):
         Trainer(cfg("other"))
     with pytest.raises(ResumeError, match="final model of another run"):
         Trainer(cfg("other", "trainer.lr=0.001"))
+
+
+@pytest.mark.slow
+def test_two_processes_equal_one_process(tmp_path, shared):
+    """The same loop under torchrun with 2 CPU processes (gloo; batches sharded by accelerate, negatives
+    gathered across processes) ends with the weights of 1 process holding both halves of every batch.
+    Dropout off: the two layouts draw different masks."""
+    import os
+    import subprocess
+    import sys
+
+    from test_trainer import ROOT
+
+    from care.models.m3 import tiny_m3
+
+    texts, train = make_training_files(tmp_path, shared, n_questions=40)
+    tiny_m3(dropout=0.0).save(tmp_path / "m3")
+    common = ["model=tiny_m3", f"model.path={tmp_path / 'm3'}", f"data.texts={texts}", f"data.examples={train}",
+              "trainer.group_size=3", "trainer.chunk_size=4", "trainer.query_max_length=32",
+              "trainer.passage_max_length=48", "trainer.max_steps=4", "trainer.lr=1e-3", "validation.task=null",
+              f"hydra.run.dir={tmp_path / 'hydra'}"]
+    env = {**os.environ, "WANDB_MODE": "disabled", "OMP_NUM_THREADS": "1", "ACCELERATE_USE_CPU": "1"}
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2"]
+    for launcher, batch, run in ((torchrun, 4, "two"), ([sys.executable], 8, "one")):
+        proc = subprocess.run([*launcher, str(ROOT / "train.py"), *common, f"trainer.batch_size={batch}",
+                               f"output_dir={tmp_path / run}"], env=env, capture_output=True, text=True, timeout=600)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+    two, one = final_weights(tmp_path / "two"), final_weights(tmp_path / "one")
+    start = load_file(tmp_path / "m3" / "model.safetensors")
+    assert max((two[k] - one[k]).abs().max().item() for k in one) < 1e-6
+    assert max((one[k] - start[k]).abs().max().item() for k in start) > 1e-4  # it did train

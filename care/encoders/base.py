@@ -104,6 +104,8 @@ def weights_digest(folder: str | Path) -> str:
         return str(folder)
     h = hashlib.sha256()
     for f in sorted(folder.iterdir()):
+        if f.name in {"manifest.json", "README.md"}:  # build notes, not weights: rebuilding must not re-key caches
+            continue
         if f.suffix in {".safetensors", ".bin", ".pt", ".json", ".txt", ".model"} and f.is_file():
             size = f.stat().st_size
             h.update(f.name.encode() + str(size).encode())

@@ -109,6 +109,18 @@ class EmbeddingCache:
             log.warning("ignoring unreadable embedding chunk %s (%s)", path, e)
             return None
 
+    def _locate(self, folder: Path, whole: Path) -> dict[bytes, tuple[Path, int]]:
+        """Where each cached text lives: one read when a chunk holds exactly the requested list, else the
+        keys of every readable chunk of this encoder and side."""
+        if whole.exists() and (index := self._read(whole, ["keys"])) is not None:
+            return {k: (whole, row) for row, k in enumerate(index["keys"].tolist())}
+        where: dict[bytes, tuple[Path, int]] = {}
+        for path in sorted(p for p in folder.glob("*.npz") if p != whole):
+            index = self._read(path, ["keys"])
+            for row, k in enumerate(index["keys"].tolist() if index is not None else []):
+                where.setdefault(k, (path, row))
+        return where
+
     def get(self, fingerprint: str, side: str, heads: Sequence[str], texts: Sequence[str],
             encode: Callable[[list[str]], Embeddings]) -> Embeddings:
         heads = tuple(heads)
@@ -119,17 +131,7 @@ class EmbeddingCache:
         unique = list(dict.fromkeys(keys))
         folder = self._dir(fingerprint, side, heads)
 
-        # Where each text lives: the chunk holding exactly this list if there is one, else any chunk.
-        whole = folder / f"{list_hash(unique)}.npz"
-        paths = [whole] if whole.exists() else sorted(folder.glob("*.npz"))
-        where: dict[bytes, tuple[Path, int]] = {}
-        for path in paths:
-            index = self._read(path, ["keys"])
-            if index is None and path == whole:
-                paths += sorted(p for p in folder.glob("*.npz") if p != whole)
-            for row, k in enumerate(index["keys"].tolist() if index else []):
-                where.setdefault(k, (path, row))
-
+        where = self._locate(folder, folder / f"{list_hash(unique)}.npz")
         chunks: dict[Path, dict] = {}
         missing = [k for k in unique if k not in where]
         if missing:

@@ -63,9 +63,9 @@ def markdown(run: str, benchmarks: list[Benchmark], rows: list[dict], settings: 
         cells += [_fmt(r["efficiency"].get(k) * scale if r["efficiency"].get(k) is not None else None, d)
                   for k, _, scale, d in EFFICIENCY]
         lines.append("| " + " | ".join(cells) + " |")
-    lines += ["", "Scores on a 0-100 scale (Pearson x 100 for STS), trec_eval conventions (MAP@10 divides by all "
-              f"relevant documents); table method: {settings.get('table_method')} (other methods in the per-task JSON).",
-              ""]
+    lines += ["", ("Scores on a 0-100 scale (Pearson x 100 for STS), trec_eval conventions (MAP@10 divides by all "
+                   f"relevant documents); table method: {settings.get('table_method')} (other methods in the per-task "
+                   "JSON)."), ""]
     for b in benchmarks:
         lines.append(f"Sources of `{b.name}`" + (" (open stand-in)" if b.open_stand_in else "") + ":")
         for t in b.tasks:
@@ -74,9 +74,6 @@ def markdown(run: str, benchmarks: list[Benchmark], rows: list[dict], settings: 
             lines.append(f"- note: {b.note}")
         lines.append("")
     lines += ["Settings: " + ", ".join(f"{k}={v}" for k, v in settings.items())]
-    for r in rows:
-        if r.get("skipped"):
-            lines.append(f"- {r['label']}: skipped ({r['skipped']})")
     return "\n".join(lines) + "\n"
 
 
@@ -93,7 +90,6 @@ def plot(path: Path, benchmarks: list[Benchmark], rows: list[dict]) -> Path:
     import numpy as np
 
     cols = [c for c in columns(benchmarks) if c["slot"]] or columns(benchmarks)
-    rows = [r for r in rows if not r.get("skipped")]
     width = 0.8 / max(1, len(rows))
     fig, ax = plt.subplots(figsize=(max(6, 1.6 * len(cols)), 4.5))
     x = np.arange(len(cols))

@@ -25,8 +25,9 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -77,16 +78,13 @@ def load_task(kind: str, path: str | Path, split: str = "test", reader: str | No
     if not path.exists():
         raise FileNotFoundError(f"task {kind} file {path} does not exist")
     reader = reader or DEFAULT_READER[kind]
-    opts = {"reader": reader, "path": path.name, **(reader_options or {})}
-    if reader in ("cmteb_reranking", "sts_jsonl"):
-        if path.is_dir():  # a C-MTEB-style folder with one JSON Lines file per split
-            opts.update(path=str(path), files={split: f"{split}.jsonl"})
-        else:
-            opts.update(path=path.parent.name, files={split: path.name})
-            path = path.parent
+    folder = path.parent if path.is_file() else path
+    opts = {"reader": reader, "path": folder.name, **(reader_options or {})}
+    if reader in ("cmteb_reranking", "sts_jsonl"):  # a JSON Lines file, or a folder of <split>.jsonl
+        opts["files"] = {split: path.name if path.is_file() else f"{split}.jsonl"}
     elif reader in ("beir", "cmedqa_release"):
         opts.setdefault("splits", [split])
-    records, report = read_source(path.name, opts, path.parent)
+    records, report = read_source(folder.name, opts, folder.parent)
     texts = {r.id: r for r in records if isinstance(r, Text)}
     data = TaskData(kind, str(path), counts={"reader": reader, "read": report.as_dict()})
 
@@ -112,12 +110,12 @@ def load_task(kind: str, path: str | Path, split: str = "test", reader: str | No
         query_roles = {texts[q].role for q in data.queries}
         data.docs = {t.id: t.text for t in texts.values() if t.role not in query_roles}
     else:
-        data.docs = {d: texts[d].text for judged in data.qrels.values() for d in judged}
         # A list with no positive or no negative cannot tell models apart (mteb skips them as well).
         one_sided = [q for q, judged in data.qrels.items() if len({g > 0 for g in judged.values()}) < 2]
         for q in one_sided:
             del data.qrels[q], data.queries[q]
         data.counts["skipped_one_sided_lists"] = len(one_sided)
+        data.docs = {d: texts[d].text for judged in data.qrels.values() for d in judged}
         if not data.qrels:
             raise DataError(path, None, "positive", "no query has both a positive and a negative candidate")
     data.counts.update(queries=len(data.queries), docs=len(data.docs),
@@ -280,9 +278,9 @@ def check_finite(emb: Embeddings, texts: Sequence[str], what: str) -> None:
 
 # ---- runners -------------------------------------------------------------------------------------------
 
-def _finite(scores: np.ndarray, data: TaskData, item: Callable[[], str]) -> np.ndarray:
+def _finite(scores: np.ndarray, data: TaskData, item: str) -> np.ndarray:
     if not np.isfinite(scores).all():
-        raise FloatingPointError(f"{data.path}: the model gave a NaN/inf score for {item()}")
+        raise FloatingPointError(f"{data.path}: the model gave a NaN/inf score for {item}")
     return scores
 
 
@@ -299,13 +297,12 @@ def run_retrieval(data: TaskData, scorer, metrics: Sequence[str], depth: int = 1
     for method, (idx, scores) in prepared.search(depth).items():
         for row, qid in enumerate(qids):
             keep = idx[row] >= 0
-            _finite(scores[row][keep], data, lambda: f"query {data.queries[qid]!r} ({method})")
+            _finite(scores[row][keep], data, f"query {data.queries[qid]!r} ({method})")
         results[method] = evaluate(run_from_topk(qids, dids, idx, scores), data.qrels, trec) if trec else {}
         for m in metrics:
             if m.startswith("acc_"):
-                results[method][m] = accuracy_at_n(
-                    lambda q, docs: prepared.score(method, q, docs), relevant, int(m[4:]),
-                    corpus_size=len(dids), seed=seed)
+                results[method][m] = accuracy_at_n(partial(prepared.score, method), relevant, int(m[4:]),
+                                                   corpus_size=len(dids), seed=seed)
     return results
 
 
@@ -320,7 +317,7 @@ def run_reranking(data: TaskData, scorer, metrics: Sequence[str]) -> dict[str, d
         for qi, qid in enumerate(qids):
             cands = list(data.qrels[qid])
             s = _finite(prepared.score(method, qi, [position[d] for d in cands]), data,
-                        lambda: f"a candidate of query {data.queries[qid]!r} ({method})")
+                        f"a candidate of query {data.queries[qid]!r} ({method})")
             run[qid] = dict(zip(cands, s.tolist()))
         results[method] = evaluate(run, data.qrels, metrics)
     return results
@@ -339,7 +336,8 @@ def run_sts(data: TaskData, scorer, metrics: Sequence[str] = ("pearson", "spearm
                               for a, b in data.pairs])
         bad = np.flatnonzero(~np.isfinite(predicted))
         if len(bad):
-            _finite(predicted, data, lambda: f"pair #{bad[0] + 1} ({data.pairs[bad[0]][0]!r}, {data.pairs[bad[0]][1]!r})")
+            a, b = data.pairs[bad[0]]
+            _finite(predicted, data, f"pair #{bad[0] + 1} ({a!r}, {b!r})")
         corr = sts_correlations(predicted, data.gold)
         results[method] = {m: corr[m] for m in metrics}
     return results

@@ -48,7 +48,7 @@ class TrainingGroups(Dataset):
         self.examples = self._read_examples(max_examples)
         # Ids a "no negatives" example may borrow from: every passage the training set uses, sorted so the
         # pool (and therefore every draw) does not depend on file or dict order.
-        self.passage_pool = np.array(sorted({p for e in self.examples for p in (*e["pos_ids"], *e["neg_ids"])}))
+        self.passage_pool = sorted({p for e in self.examples for p in (*e["pos_ids"], *e["neg_ids"])})
         need = group_size - 1
         self.stats = {
             "examples": len(self.examples),
@@ -111,11 +111,16 @@ class TrainingGroups(Dataset):
         return ex["query_id"], [pos, *chosen]
 
     def _random_passages(self, rng: np.random.Generator, need: int, exclude: set[str]) -> list[str]:
-        allowed = np.array([p for p in self.passage_pool if p not in exclude])
-        if len(allowed) == 0:
+        """`need` passages of the training set, drawn with replacement, none of them in `exclude`."""
+        if len(self.passage_pool) <= len(exclude) and set(self.passage_pool) <= exclude:
             raise DataError(self.train_path, None, "neg_ids",
                             "an example has no negatives and the training set has no other passage to borrow")
-        return [str(p) for p in rng.choice(allowed, need, replace=len(allowed) < need)]
+        picked: list[str] = []
+        while len(picked) < need:  # rejection: `exclude` (one example's positives) is a tiny share of the pool
+            candidate = self.passage_pool[rng.integers(len(self.passage_pool))]
+            if candidate not in exclude:
+                picked.append(candidate)
+        return picked
 
     def __getitem__(self, item: tuple[int, int]) -> dict:
         epoch, index = item

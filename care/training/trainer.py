@@ -300,10 +300,11 @@ class Trainer:
             self.accelerator.backward(out["loss"] * world_size())  # x world size: see distributed.py
             losses = {k: v.detach() for k, v in out.items()}
         grad_norm = self.accelerator.clip_grad_norm_(self.model.parameters(), t.max_grad_norm)
+        lr = self.scheduler.get_last_lr()[0]  # the rate this step uses
         self.optimizer.step()
         self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
-        return {**{f"loss/{k}": float(v) for k, v in losses.items()}, "grad_norm": float(grad_norm)}
+        return {**{f"loss/{k}": float(v) for k, v in losses.items()}, "grad_norm": float(grad_norm), "lr": lr}
 
     def fit(self) -> dict:
         acc, t = self.accelerator, self.cfg.trainer
@@ -323,7 +324,7 @@ class Trainer:
                 self.batch_in_epoch += 1
                 elapsed, tick = time.perf_counter() - tick, time.perf_counter()
                 if self.step % t.log_every == 0 or self.step == self.total_steps:
-                    self.log({**row, "lr": self.scheduler.get_last_lr()[0], "epoch": self.epoch,
+                    self.log({**row, "epoch": self.epoch,
                               "examples_per_s": t.batch_size * acc.num_processes / elapsed,
                               "memory_mb": memory_mb()})
                 bar.update(1)

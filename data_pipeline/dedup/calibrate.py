@@ -18,8 +18,8 @@ mode=pairs   no judge here, so the labels come from people: the human-labelled p
              shared data (CHIP-STS, cMedQQ, KUAKE-QQR; `pair_sources`), cosine of each pair under this
              encoder, paraphrase rate per interval, and the thresholds that follow (see `suggest`).
 Every mode writes `table.txt` and `calibration.json` under dedup.calibrate.out
-(default {out_root}/calibrate/<model name>/).  Texts are encoded as documents (`side`), as the dedup stage
-does; side=queries measures the query side (e.g. question-question similarity for mining).
+(default {out_root}/calibrate/<model name>/).  Texts are encoded as documents (`side: doc`), as the dedup
+stage does; side=query measures the query side (question-question similarity, what mining compares).
 """
 from __future__ import annotations
 
@@ -237,14 +237,11 @@ def encoder_info(cfg: DictConfig, encoder) -> dict:
 
 
 def encode(cfg: DictConfig, encoder, texts: list[str]) -> np.ndarray:
-    """Vectors of `dedup.calibrate.side`, L2-normalised, through the dedup stage's embedding cache."""
-    from data_pipeline.dedup.semantic import EmbeddingCache, unit_rows
+    """Vectors of `dedup.calibrate.side`, L2-normalised, through the project's embedding cache."""
+    from data_pipeline.dedup.semantic import embed, unit_rows
 
-    s, side = cfg.dedup.semantic, cfg.dedup.calibrate.side
-    if s.cache:
-        return unit_rows(EmbeddingCache(s.cache, encoder, side).encode(texts, batch_size=s.batch_size))
-    enc = encoder.encode_documents if side == "documents" else encoder.encode_queries
-    return unit_rows(enc(texts, batch_size=s.batch_size, show_progress=True).dense)
+    s = cfg.dedup.semantic
+    return unit_rows(embed(encoder, texts, cfg.dedup.calibrate.side, s.batch_size, s.cache)[0])
 
 
 def default_store(cfg: DictConfig) -> Path:

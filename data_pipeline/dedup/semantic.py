@@ -1,7 +1,8 @@
 """Stage 3: semantic duplicates, i.e. pairs whose embeddings have cosine >= the encoder's threshold.
 
-Embeddings come from any care.encoders.Encoder and are cached on disk (keyed by the encoder's
-fingerprint and each text's MD5), so a re-run, or a run on a grown corpus, only encodes new texts.
+Embeddings come from any care.encoders.Encoder through the project's on-disk embedding cache (keyed by
+the encoder's fingerprint and each text's hash), so a re-run, or a run on a grown corpus, only encodes
+new texts, and mining or evaluation reuse what dedup encoded.
 The search never builds the N x N similarity matrix: queries go to a FAISS flat inner-product index
 (vectors L2-normalised, so inner product = cosine) a block at a time.  On CPU each block is a
 `range_search`; GPU FAISS has no range search, so there each block is a top-k search, repeated with
@@ -9,7 +10,6 @@ twice the k for rows whose k-th neighbour is still above the threshold.  Both gi
 """
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,46 +19,24 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from care.encoders import Encoder
-from data_pipeline.io import atomic_open
+from care.evaluation.cache import EmbeddingCache
 
 # GPU FAISS's flat index answers at most this many neighbours per query.
 GPU_MAX_K = 2048
 
 
-class EmbeddingCache:
-    """`<root>/<encoder fingerprint>/<side>/shard-N.npz`, each shard holding `keys` (MD5 of the text) and
-    `vectors`.  Hand-written because the caching libraries (joblib.Memory, diskcache) key on a whole
-    call's arguments: a corpus that grows by one text would be encoded again from scratch."""
-
-    def __init__(self, root: str | Path, encoder: Encoder, side: str = "documents"):
-        if side not in ("documents", "queries"):
-            raise ValueError(f"side must be documents or queries, not {side!r}")
-        self.dir = Path(root) / encoder.fingerprint / side
-        self.encoder, self.side = encoder, side
-        self.hits = self.encoded = 0  # of the last encode() call: texts found in the cache / encoded now
-
-    def _known(self) -> dict[str, np.ndarray]:
-        known: dict[str, np.ndarray] = {}
-        for shard in sorted(self.dir.glob("shard-*.npz")):
-            with np.load(shard) as z:
-                known.update(zip(z["keys"].tolist(), z["vectors"]))
-        return known
-
-    def encode(self, texts: Sequence[str], batch_size: int = 32, show_progress: bool = True) -> np.ndarray:
-        keys = [hashlib.md5(t.encode("utf-8")).hexdigest() for t in texts]
-        known = self._known()
-        missing = {k: t for k, t in zip(keys, texts) if k not in known}
-        if missing:
-            encode = self.encoder.encode_documents if self.side == "documents" else self.encoder.encode_queries
-            vectors = encode(list(missing.values()), batch_size=batch_size, show_progress=show_progress).dense
-            shard = self.dir / f"shard-{len(list(self.dir.glob('shard-*.npz'))):05d}.npz"
-            with atomic_open(shard, "wb") as fh:
-                np.savez(fh, keys=np.array(list(missing)), vectors=vectors.astype(np.float32))
-            known.update(zip(missing, vectors))
-        self.hits, self.encoded = len(texts) - len(missing), len(missing)
-        if not texts:
-            return np.zeros((0, 0), np.float32)
-        return np.stack([known[k] for k in keys]).astype(np.float32)
+def embed(encoder: Encoder, texts: Sequence[str], side: str = "doc", batch_size: int = 32,
+          cache_root: str | Path | None = None) -> tuple[np.ndarray, int, int]:
+    """Dense vectors of `texts` (documents or queries), through the project's on-disk embedding cache
+    (care.evaluation.cache: keyed by encoder fingerprint, side and text hash, shared with mining and
+    evaluation) unless cache_root is None.  Returns (vectors, texts found in the cache, texts encoded)."""
+    encode = encoder.encode_documents if side == "doc" else encoder.encode_queries
+    run = (lambda batch: encode(batch, batch_size=batch_size, show_progress=True))
+    if cache_root is None:
+        return run(list(texts)).dense, 0, len(texts)
+    cache = EmbeddingCache(cache_root)
+    vectors = cache.get(encoder.fingerprint, side, ("dense",), texts, run).dense
+    return vectors, cache.hits, cache.misses
 
 
 def unit_rows(vectors: np.ndarray) -> np.ndarray:

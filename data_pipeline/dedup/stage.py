@@ -24,7 +24,7 @@ from data_pipeline.dedup.clusters import Cluster, clusters_from_edges, survivors
 from data_pipeline.dedup.exact import exact_clusters
 from data_pipeline.dedup.minhash import jaccard, minhash_pairs, s_curve, shingles
 from data_pipeline.dedup.normalize import Normalizer
-from data_pipeline.io import DataError, atomic_open, read_jsonl, write_json, write_jsonl
+from data_pipeline.io import DataError, atomic_open, file_digest, read_jsonl, write_json, write_jsonl
 
 STAGES = ("exact", "minhash", "semantic")
 
@@ -150,8 +150,8 @@ def run(cfg: DictConfig) -> dict:
     normalise = Normalizer(**d.normalize)
     normalised = [normalise(t) for t in texts]
     alive = np.arange(len(rows))  # positions (in rows) still in play
-    stats: dict = {"input": str(src), "output": str(out), "fingerprint": fp, **read_stats,
-                   "stage_order": order, "stages": {}}
+    stats: dict = {"input": str(src), "input_digest": file_digest(src), "output": str(out), "fingerprint": fp,
+                   **read_stats, "stage_order": order, "stages": {}}
     cluster_lines: list[dict] = []
 
     def record(name, t0, clusters, sim_to_kept, extra=None):
@@ -170,21 +170,13 @@ def run(cfg: DictConfig) -> dict:
         if name == "exact":
             record(name, t0, exact_clusters(norm), lambda a, b: 1.0)
         elif name == "minhash":
-            m = d.minhash
-            res = minhash_pairs(norm, m.ngram, m.threshold, m.num_perm, m.target_recall, m.seed)
-            grid = np.round(np.arange(0.5, 1.0001, 0.05), 2)
-            record(name, t0, clusters_from_edges(len(norm), res.rows, res.cols, res.sims),
-                   lambda a, b, norm=norm, n=m.ngram: jaccard(shingles(norm[a], n), shingles(norm[b], n)),
-                   {"ngram": m.ngram, "threshold": m.threshold, "num_perm": m.num_perm, "bands": res.bands,
-                    "rows_per_band": res.rows_per_band, "candidate_pairs": res.candidates,
-                    "verified_pairs": len(res.sims),
-                    "s_curve": {f"{s:.2f}": round(float(p), 4) for s, p in zip(grid, s_curve(grid, res.bands,
-                                                                                                res.rows_per_band))},
-                    "p_candidate_at_threshold": round(float(s_curve(m.threshold, res.bands, res.rows_per_band)), 4)})
+            record(name, t0, *_minhash(d.minhash, norm))
         else:
             record(name, t0, *_semantic(cfg, [texts[i] for i in alive], thresholds, out))
 
     kept_rows = [rows[i] for i in alive]
+    if not semantic:  # no histogram this run: do not leave an earlier run's beside the new files
+        (out / "nn_similarity.png").unlink(missing_ok=True)
     stats.update(texts_in=len(rows), texts_out=len(kept_rows), thresholds=thresholds)
     write_jsonl(out / "kept.jsonl", kept_rows)
     write_jsonl(out / "clusters.jsonl", cluster_lines)
@@ -194,10 +186,23 @@ def run(cfg: DictConfig) -> dict:
     return stats
 
 
+def _minhash(m: DictConfig, norm: list[str]):
+    """MinHash pairs -> clusters; returns record()'s arguments after t0."""
+    res = minhash_pairs(norm, m.ngram, m.threshold, m.num_perm, m.target_recall, m.seed)
+    grid = np.round(np.arange(0.5, 1.0001, 0.05), 2)
+    extra = {"ngram": m.ngram, "threshold": m.threshold, "num_perm": m.num_perm, "bands": res.bands,
+             "rows_per_band": res.rows_per_band, "candidate_pairs": res.candidates, "verified_pairs": len(res.sims),
+             "p_candidate_at_threshold": round(float(s_curve(m.threshold, res.bands, res.rows_per_band)), 4),
+             "s_curve": {f"{g:.2f}": round(float(p), 4) for g, p in zip(grid, s_curve(grid, res.bands,
+                                                                                       res.rows_per_band))}}
+    clusters = clusters_from_edges(len(norm), res.rows, res.cols, res.sims)
+    return clusters, (lambda a, b: jaccard(shingles(norm[a], m.ngram), shingles(norm[b], m.ngram))), extra
+
+
 def _semantic(cfg: DictConfig, texts: list[str], thresholds: dict, out: Path):
     """Encode (through the cache), search, cluster; returns record()'s arguments after t0."""
     from care.encoders import build_encoder
-    from data_pipeline.dedup.semantic import EmbeddingCache, cosine_pairs, nearest_neighbour_cosine
+    from data_pipeline.dedup.semantic import cosine_pairs, embed, nearest_neighbour_cosine
 
     s = cfg.dedup.semantic
     encoder = build_encoder(cfg.model)
@@ -208,13 +213,7 @@ def _semantic(cfg: DictConfig, texts: list[str], thresholds: dict, out: Path):
     if len(texts) < 2:
         return [], (lambda a, b: 1.0), {**extra, "note": "fewer than two texts: nothing to compare"}
     t_enc = time.perf_counter()
-    if s.cache:
-        cache = EmbeddingCache(s.cache, encoder)
-        vectors = cache.encode(texts, batch_size=s.batch_size)
-        extra.update(cache_hits=cache.hits, encoded=cache.encoded)
-    else:
-        vectors = encoder.encode_documents(texts, batch_size=s.batch_size, show_progress=True).dense
-        extra.update(cache_hits=0, encoded=len(texts))
+    vectors, extra["cache_hits"], extra["encoded"] = embed(encoder, texts, "doc", s.batch_size, s.cache)
     extra["encode_seconds"] = round(time.perf_counter() - t_enc, 3)
     if extra["encoded"]:
         extra["encode_texts_per_s"] = round(extra["encoded"] / max(extra["encode_seconds"], 1e-9), 1)
