@@ -30,6 +30,9 @@ def atomic_open(path: str | Path, mode: str = "w", encoding: str | None = "utf-8
     try:
         with open(tmp, mode, encoding=None if "b" in mode else encoding) as fh:
             yield fh
+        mask = os.umask(0)  # mkstemp makes 0600 files; give outputs the user's usual permissions
+        os.umask(mask)
+        os.chmod(tmp, 0o666 & ~mask)
         os.replace(tmp, path)
     except BaseException:
         with contextlib.suppress(FileNotFoundError):

@@ -18,9 +18,12 @@ candidate itself.  Negatives are mined within a pool (build.rules' `pool`: answe
 so an answer's negatives are answers.  Never a negative: a positive of the example, any positive of an
 example asking the same question (same id, same normalised text or same dedup cluster), a member of a
 positive's dedup cluster, a text equal to a positive after normalisation, a text dedup removed.
-Up to max_negatives are stored, most similar first.  Examples with fewer than min_negatives in the
-window are filled up by the fallback (nearest candidates below lo, then random ones below hi), and
-the number filled is stored per example.
+Up to max_negatives are stored, most similar first, with their scores (rounded to 6 decimals before
+the window test, so a stored score is exactly the one tested).  Examples with fewer than min_negatives
+in the window are filled up by the fallback (nearest candidates below lo, then random ones below hi),
+and the number filled is stored per example.  Embeddings go through the on-disk cache
+(care.evaluation.cache, keyed by encoder fingerprint and text hash), so a re-run with another window
+costs no encoding; a run whose inputs, encoder weights and config are unchanged is skipped.
 """
 from __future__ import annotations
 
@@ -61,8 +64,9 @@ def mining_window(cfg: DictConfig) -> dict:
         if th.get("mine_lo") is None or th.get("mine_hi") is None:
             raise ThresholdError(
                 f"{where} has no thresholds.mine_lo/mine_hi. A mining window belongs to an encoder "
-                f"(facts.md s.4): calibrate it (python -m data_pipeline.dedup.calibrate model={model.get('name')}) "
-                f"and add it to the model's thresholds block, or pass mine.window=[LO,HI] to override explicitly.")
+                f"(facts.md s.4): calibrate it (python -m data_pipeline.dedup.calibrate "
+                f"model={model.get('name')}) and add it to the model's thresholds block, or pass "
+                f"mine.window=[LO,HI] to override explicitly.")
         if th.get("calibrated_for") != model.get("name"):
             raise ThresholdError(
                 f"{where}: thresholds.calibrated_for is {th.get('calibrated_for')!r}, not this encoder "
@@ -204,10 +208,10 @@ def encode(encoder: Encoder, texts: list[str], side: str, batch_size: int,
            cache: EmbeddingCache | None) -> np.ndarray:
     fn = encoder.encode_queries if side == "query" else encoder.encode_documents
 
-    def run(batch: list[str]):
+    def embed(batch: list[str]):
         return fn(batch, batch_size=batch_size, show_progress=True)
 
-    emb = cache.get(encoder.fingerprint, side, ("dense",), texts, run) if cache else run(texts)
+    emb = cache.get(encoder.fingerprint, side, ("dense",), texts, embed) if cache else embed(texts)
     return unit_rows(emb.dense)  # cosine, whatever the encoder's own normalisation (CARE truncates after it)
 
 

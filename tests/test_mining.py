@@ -4,6 +4,7 @@ encoder, checked against a brute-force numpy top-K written here from the rules i
 from __future__ import annotations
 
 import csv
+import functools
 import hashlib
 import json
 import unicodedata
@@ -12,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from omegaconf import open_dict
+from omegaconf import OmegaConf, open_dict
 from transformers import BertConfig, BertModel
 
 from care.config import load_config
@@ -104,11 +105,17 @@ def build_dir(tmp_path_factory, shared) -> Path:
     return out
 
 
-def compose(build_dir: Path, out: Path, model_dir: Path, *extra: str):
+@functools.cache
+def base_config(build_dir: Path, model_dir: Path):
     return load_config("data_pipeline", [
-        "model=tiny_bert", f"model.path={model_dir}", "model.max_length=64", f"out_root={out}",
-        f"mine.input_dir={build_dir}", f"mine.dedup_clusters={build_dir}/clusters.jsonl", f"mine.top_k={TOP_K}",
-        f"mine.cache={build_dir}/embedding-cache", *extra])
+        "model=tiny_bert", f"model.path={model_dir}", "model.max_length=64", f"mine.input_dir={build_dir}",
+        f"mine.dedup_clusters={build_dir}/clusters.jsonl", f"mine.top_k={TOP_K}",
+        f"mine.cache={build_dir}/embedding-cache"])
+
+
+def compose(build_dir: Path, out: Path, model_dir: Path, *extra: str):
+    """The real config (composed once: Hydra takes ~1 s a call here) with `key=value` overrides."""
+    return OmegaConf.merge(base_config(build_dir, model_dir), OmegaConf.from_dotlist([f"out_root={out}", *extra]))
 
 
 def load_rows(path: Path) -> list[dict]:

@@ -87,7 +87,7 @@ def test_session_limit_then_resume_is_exact_and_rng_matters(setup, monkeypatch):
 
 
 def test_refuses_another_configs_checkpoint_and_a_finished_run(setup):
-    root, cfg, _ = setup
+    _, cfg, _ = setup
     Trainer(cfg("other", "trainer.max_steps_this_session=2")).fit()
     with pytest.raises(ResumeError, match=r"checkpoint .*step-0000002 belongs to another config"):
         Trainer(cfg("other", "trainer.lr=0.001"))
@@ -122,7 +122,8 @@ def test_two_processes_equal_one_process(tmp_path, shared):
     torchrun = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2"]
     for launcher, batch, run in ((torchrun, 4, "two"), ([sys.executable], 8, "one")):
         proc = subprocess.run([*launcher, str(ROOT / "train.py"), *common, f"trainer.batch_size={batch}",
-                               f"output_dir={tmp_path / run}"], env=env, capture_output=True, text=True, timeout=600)
+                               f"output_dir={tmp_path / run}"], env=env, capture_output=True, text=True, timeout=600,
+                              check=False)
         assert proc.returncode == 0, proc.stderr[-3000:]
     two, one = final_weights(tmp_path / "two"), final_weights(tmp_path / "one")
     start = load_file(tmp_path / "m3" / "model.safetensors")

@@ -130,9 +130,9 @@ def test_fallbacks_when_negatives_are_short(train_files, tmp_path):
     write_jsonl(train, rows)
     data = TrainingGroups(texts, train, group_size=6)
     assert data.stats["short_of_negatives"] == 1 and data.stats["without_negatives"] == 1
-    q0, g0 = data.group_ids(0, 0)
+    _, g0 = data.group_ids(0, 0)
     assert len(g0) == 6 and set(g0[1:]) == set(rows[0]["neg_ids"])  # own 2 negatives, repeated
-    q1, g1 = data.group_ids(0, 1)
+    _, g1 = data.group_ids(0, 1)
     assert len(g1) == 6 and not set(g1[1:]) & set(rows[1]["pos_ids"]) and all(x in data.texts for x in g1)
     # group size 1: in-batch negatives only, never a hard negative
     plain = TrainingGroups(texts, train, group_size=1)
@@ -190,6 +190,7 @@ def test_early_stopping_keeps_the_best_weights(tmp_path, shared):
     assert all(torch.equal(a, b) for a, b in zip(start.state_dict().values(), final.state_dict().values()))
     info = json.loads((tmp_path / "run" / "final" / "care_training.json").read_text(encoding="utf-8"))
     assert info["weights"] == "best (step 0)" and info["model"]["kind"] == "m3"
+    assert info["data"] == {"examples": 16, "group_size": 3, "short_of_negatives": 0, "without_negatives": 0}
 
 
 def test_dev_metric_matches_an_independent_reranking(tmp_path, shared):

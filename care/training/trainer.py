@@ -1,9 +1,12 @@
 """The training loop, on accelerate: one code path for one CPU, one GPU, many GPUs and many nodes.
 
 Each step takes `batch_size` queries per process, each with 1 positive and (group_size - 1) negatives
-(care.training.data), runs the pool through GradCache (care.training.gradcache) so the pool may be far
-larger than what fits in memory at once, clips the gradient and steps AdamW and the schedule (linear warmup,
-then cosine decay: transformers' get_cosine_schedule_with_warmup).
+(care.training.data), runs the pool through GradCache (care.training.gradcache; `chunk_size` texts per
+forward, so the pool may be far larger than what fits in memory at once; `chunk_size: null` = the plain step,
+whole pool in one pass), clips the gradient and steps AdamW and the schedule (linear warmup, then cosine
+decay: transformers' get_cosine_schedule_with_warmup).  Under several processes accelerate shards the
+batches and wraps the model in DDP; negatives are gathered from every process (care.training.distributed).
+Validation (early stopping, the best model) runs on the main process only.
 
 Run folder `output_dir` (outputs/train/<run name>/):
     checkpoints/step-NNNNNNN/   state.pt (model, optimizer, schedule, position, early stopping, config hash)
@@ -17,6 +20,8 @@ Resume is exact: the same weights as an uninterrupted run, bit for bit on CPU in
 AdamW's moments, the schedule, every RNG (dropout) and the data position; the data position is just
 (epoch, batches done) because every group is a pure function of (seed, epoch, example index).  A checkpoint
 of another config (another hash) is refused, as is replacing the final model of another run.
+Checkpoints hold full (unsharded) states: DDP, the tested multi-process setting; several nodes need the run
+folder on a shared filesystem.
 """
 from __future__ import annotations
 
@@ -324,14 +329,14 @@ class Trainer:
                 self.batch_in_epoch += 1
                 elapsed, tick = time.perf_counter() - tick, time.perf_counter()
                 if self.step % t.log_every == 0 or self.step == self.total_steps:
-                    self.log({**row, "epoch": self.epoch,
+                    self.log({**row, "epoch": self.epoch, "step_seconds": elapsed,
                               "examples_per_s": t.batch_size * acc.num_processes / elapsed,
                               "memory_mb": memory_mb()})
                 bar.update(1)
                 if self.stopper and self.step % self.cfg.validation.every_steps == 0:
                     self.validate()
                 if self.step >= self.total_steps:
-                    self.stop_reason = self.stop_reason or "max_steps"
+                    self.stop_reason = self.stop_reason or "completed"
                 elif self.step >= session_end:
                     self.stop_reason = "max_steps_this_session"
                 if self.stop_reason or self.step % t.checkpoint_every == 0:
@@ -344,9 +349,9 @@ class Trainer:
             else:
                 self.epoch, self.batch_in_epoch = self.epoch + 1, 0
         bar.close()
-        self.stop_reason = self.stop_reason or "epochs"
+        self.stop_reason = self.stop_reason or "completed"  # also: resumed from the last step's checkpoint
         summary = {"step": self.step, "epoch": self.epoch, "stop_reason": self.stop_reason,
-                   "config_hash": self.hash, "output_dir": str(self.out)}
+                   "config_hash": self.hash, "output_dir": str(self.out), "data": self.data.stats}
         if self.stopper:
             summary.update(best_metric=self.stopper.best, best_step=self.stopper.best_step)
         if self.stop_reason != "max_steps_this_session":  # a paused run has no final model yet
@@ -363,12 +368,12 @@ class Trainer:
         decision = [None]
         if acc.is_main_process:
             model = acc.unwrap_model(self.model)
-            value = dev_metric(model, self.cfg)
-            model.train()
-            improved = self.stopper.update(value, self.step)
-            if improved:
+            start = time.perf_counter()
+            value = dev_metric(model, self.cfg)  # leaves the model in eval mode; train_step sets train
+            seconds = time.perf_counter() - start
+            if self.stopper.update(value, self.step):
                 model.save(self.out / "best")
-            self.log({f"val/{v.metric}": value, "val/best": self.stopper.best})
+            self.log({f"val/{v.metric}": value, "val/best": self.stopper.best, "val/seconds": seconds})
             decision = ["early_stopping" if self.stopper.should_stop else ""]
         acc.wait_for_everyone()
         self.stop_reason = self.stop_reason or broadcast_object_list(decision)[0]
@@ -390,7 +395,7 @@ class Trainer:
                 acc.unwrap_model(self.model).save(final)
             model_cfg = {**OmegaConf.to_container(self.cfg.model, resolve=True), "kind": "m3", "path": str(final)}
             write_json(final / "care_training.json", {
-                "config_hash": self.hash, "steps": self.step, "stop_reason": self.stop_reason,
+                "config_hash": self.hash, "steps": self.step, "stop_reason": self.stop_reason, "data": self.data.stats,
                 "weights": f"best (step {self.stopper.best_step})" if self.stopper and best.exists() else "last",
                 "model": model_cfg, "config": OmegaConf.to_container(self.cfg, resolve=True)})
         acc.wait_for_everyone()
@@ -410,6 +415,7 @@ class Trainer:
         row = {"step": self.step, **row}
         self.accelerator.log({k: v for k, v in row.items() if k != "step"}, step=self.step)
         self.out.mkdir(parents=True, exist_ok=True)
+        # Appended row by row (one small write each); a resume rewrites the file up to its checkpoint.
         with open(self.out / "metrics.jsonl", "a", encoding="utf-8") as fh:
             fh.write(json.dumps(row) + "\n")
 
@@ -429,18 +435,18 @@ class Trainer:
         import matplotlib.pyplot as plt
 
         rows = self._read_metrics()
-        panels = [("loss", [k for k in sorted({k for r in rows for k in r}) if k.startswith("loss/")]),
-                  ("learning rate", ["lr"]), ("validation", [k for k in sorted({k for r in rows for k in r})
-                                                             if k.startswith("val/") and k != "val/best"])]
+        keys = sorted({k for r in rows for k in r})
+        panels = {"loss": [k for k in keys if k.startswith("loss/")], "learning rate": ["lr"],
+                  "validation": [f"val/{self.cfg.validation.metric}"] if self.stopper else []}
         fig, axes = plt.subplots(1, 3, figsize=(15, 4))
-        for ax, (title, keys) in zip(axes, panels):
-            for k in keys:
-                pts = [(r["step"], r[k]) for r in rows if k in r]
-                ax.plot(*zip(*pts), marker="o" if title == "validation" else None, label=k) if pts else None
+        for ax, (title, names) in zip(axes, panels.items()):
+            for name in names:
+                points = [(r["step"], r[name]) for r in rows if name in r]
+                if points:
+                    ax.plot(*zip(*points), marker="o" if title == "validation" else None, label=name)
+                    ax.legend(fontsize=8)
             ax.set_title(title)
             ax.set_xlabel("step")
-            if keys:
-                ax.legend(fontsize=8)
         fig.suptitle(f"{self.cfg.run_name} ({self.hash})")
         fig.tight_layout()
         with atomic_open(self.out / "curves.png", "wb") as fh:
