@@ -36,10 +36,10 @@ evaluate: model
 train: model
 	$(PY) train.py
 
-# The main job end to end on the shared data.
+# The main job on the shared data: import every source (counts printed) and build the open benchmark.
 run: model
-	$(PY) -m data_pipeline
-	$(PY) scripts/run_main.py
+	$(PY) -m data_pipeline stage=import
+	$(PY) -m data_pipeline stage=benchmarks
 
 test: setup
 	@# One torch thread per worker: two xdist workers on two cores, no oversubscription.

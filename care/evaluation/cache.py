@@ -44,7 +44,7 @@ def list_hash(keys: Sequence[bytes]) -> str:
 
 
 def _pack(keys: list[bytes], emb: Embeddings) -> dict[str, np.ndarray]:
-    arrays = {"keys": np.array(keys, dtype="S16"), "dense": np.asarray(emb.dense, np.float32)}
+    arrays = {"keys": np.array(keys, dtype="V16"), "dense": np.asarray(emb.dense, np.float32)}
     if emb.sparse is not None:
         # CSR layout: row i's token ids are indices[indptr[i]:indptr[i+1]].
         arrays["sparse_indptr"] = np.cumsum([0] + [len(d) for d in emb.sparse]).astype(np.int64)
@@ -113,11 +113,12 @@ class EmbeddingCache:
         """Where each cached text lives: one read when a chunk holds exactly the requested list, else the
         keys of every readable chunk of this encoder and side."""
         if whole.exists() and (index := self._read(whole, ["keys"])) is not None:
-            return {k: (whole, row) for row, k in enumerate(index["keys"].tolist())}
+            return {bytes(k): (whole, row) for row, k in enumerate(index["keys"])}
         where: dict[bytes, tuple[Path, int]] = {}
         for path in sorted(p for p in folder.glob("*.npz") if p != whole):
             index = self._read(path, ["keys"])
-            for row, k in enumerate(index["keys"].tolist() if index is not None else []):
+            # "V16", not "S16": numpy strips trailing NUL bytes from S keys, losing ~1 key in 256.
+            for row, k in enumerate([bytes(k) for k in index["keys"]] if index is not None else []):
                 where.setdefault(k, (path, row))
         return where
 
