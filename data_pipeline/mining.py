@@ -45,7 +45,7 @@ from data_pipeline.build import export_flag
 from data_pipeline.dedup.clusters import clusters_from_edges
 from data_pipeline.dedup.normalize import Normalizer
 from data_pipeline.dedup.semantic import flat_index, unit_rows
-from data_pipeline.dedup.stage import ThresholdError
+from data_pipeline.dedup.stage import encoder_thresholds
 from data_pipeline.io import DataError, atomic_open, read_jsonl, read_text_store, write_json, write_jsonl
 from data_pipeline.stage_cache import fingerprint, up_to_date
 
@@ -61,17 +61,7 @@ def mining_window(cfg: DictConfig) -> dict:
         lo, hi = (float(x) for x in override)
         how = {"source": "explicit override (mine.window)", "calibrated_for": th.get("calibrated_for")}
     else:
-        if th.get("mine_lo") is None or th.get("mine_hi") is None:
-            raise ThresholdError(
-                f"{where} has no thresholds.mine_lo/mine_hi. A mining window belongs to an encoder "
-                f"(facts.md s.4): calibrate it (python -m data_pipeline.dedup.calibrate "
-                f"model={model.get('name')}) and add it to the model's thresholds block, or pass "
-                f"mine.window=[LO,HI] to override explicitly.")
-        if th.get("calibrated_for") != model.get("name"):
-            raise ThresholdError(
-                f"{where}: thresholds.calibrated_for is {th.get('calibrated_for')!r}, not this encoder "
-                f"{model.get('name')!r}; a similarity window does not transfer between encoders. "
-                f"Re-calibrate, or pass mine.window=[LO,HI] to override explicitly.")
+        th = encoder_thresholds(model, ("mine_lo", "mine_hi"), "A mining window", "mine.window=[LO,HI]")
         lo, hi = float(th["mine_lo"]), float(th["mine_hi"])
         how = {"source": "model.thresholds", "calibrated_for": th["calibrated_for"]}
     if not lo < hi:

@@ -33,26 +33,36 @@ class ThresholdError(ValueError):
     """Semantic dedup refused: the model's thresholds are missing, invalid or belong to another encoder."""
 
 
+def encoder_thresholds(model: DictConfig, needed: tuple[str, ...], what: str, override_hint: str) -> dict:
+    """The model's calibrated thresholds.  Refuses missing values and thresholds calibrated for another
+    encoder: a cosine cut or window does not transfer between encoders (facts.md s.4)."""
+    name = model.get("name")
+    where = f"model config '{name}' (conf/model/{name}.yaml)"
+    th = OmegaConf.to_container(model.thresholds, resolve=True) if model.get("thresholds") else {}
+    if any(th.get(k) is None for k in needed):
+        raise ThresholdError(
+            f"{where} has no thresholds.{'/'.join(needed)}. {what} belongs to an encoder (facts.md s.4): "
+            f"calibrate it (python -m data_pipeline.dedup.calibrate model={name}) and add a thresholds "
+            f"block, or pass {override_hint} to override explicitly.")
+    if th.get("calibrated_for") != name:
+        raise ThresholdError(
+            f"{where}: thresholds.calibrated_for is {th.get('calibrated_for')!r}, not this encoder {name!r}; "
+            f"{what.lower()} does not transfer between encoders. Re-calibrate, or pass {override_hint} to "
+            f"override explicitly.")
+    return th
+
+
 def semantic_thresholds(cfg: DictConfig) -> dict:
     """The cosine cut (and mining window) to use, with where they came from.  Refuses thresholds that
     are missing or were calibrated for another encoder unless dedup.semantic.cosine overrides them."""
     model = cfg.model
     where = f"model config '{model.get('name')}' (conf/model/{model.get('name')}.yaml)"
-    th = OmegaConf.to_container(model.thresholds, resolve=True) if model.get("thresholds") else {}
     override = cfg.dedup.semantic.get("cosine")
     if override is None:
-        if th.get("dedup_cosine") is None:
-            raise ThresholdError(
-                f"{where} has no thresholds.dedup_cosine. Thresholds belong to an encoder (facts.md s.4): "
-                f"calibrate them (python -m data_pipeline.dedup.calibrate model={model.get('name')}) and add a "
-                f"thresholds block, or pass dedup.semantic.cosine=VALUE to override explicitly.")
-        if th.get("calibrated_for") != model.get("name"):
-            raise ThresholdError(
-                f"{where}: thresholds.calibrated_for is {th.get('calibrated_for')!r}, not this encoder "
-                f"{model.get('name')!r}; a cosine cut does not transfer between encoders. Re-calibrate, or pass "
-                f"dedup.semantic.cosine=VALUE to override explicitly.")
+        th = encoder_thresholds(model, ("dedup_cosine",), "A cosine cut", "dedup.semantic.cosine=VALUE")
         source = "model.thresholds"
     else:
+        th = OmegaConf.to_container(model.thresholds, resolve=True) if model.get("thresholds") else {}
         th = {**th, "dedup_cosine": float(override), "how": "explicit override (dedup.semantic.cosine)"}
         source = "override"
     if not -1.0 <= float(th["dedup_cosine"]) <= 1.0:
