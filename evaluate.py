@@ -60,7 +60,8 @@ def checkpoint_models(ckpt: str, model_cfg: dict) -> list[tuple[str, dict]]:
     if not path.is_dir():
         raise FileNotFoundError(f"ckpt={ckpt}: {path} is not a folder")
     if (own := _checkpoint_config(path, model_cfg)) is not None:
-        return [(path.name, own)]
+        # a training run's final/ or best/ folder is named after its run: "cpu_default-me5_small/final"
+        return [(f"{path.parent.name}/{path.name}" if path.name in ("final", "best") else path.name, own)]
     found = [(f"{path.name}/{sub.name}", c) for sub in sorted(path.iterdir())
              if sub.is_dir() and (c := _checkpoint_config(sub, model_cfg)) is not None]
     if not found:

@@ -12,6 +12,7 @@ same config to resume from the last checkpoint.  Evaluate the result with `pytho
 from __future__ import annotations
 
 import json
+import sys
 
 import hydra
 from omegaconf import DictConfig
@@ -23,9 +24,17 @@ from care.config import CONF_DIR
 # An absolute config path: the same conf/ tree however train.py is started (script, module, test).
 @hydra.main(config_path=str(CONF_DIR), config_name="train", version_base="1.3")
 def main(cfg: DictConfig) -> dict:
-    from care.training.trainer import Trainer  # after Hydra parsed the command line: `--help` stays fast
+    # after Hydra parsed the command line: `--help` stays fast
+    from care.training.trainer import AlreadyFinished, ResumeError, Trainer
 
-    trainer = Trainer(cfg)
+    try:
+        trainer = Trainer(cfg)
+    except AlreadyFinished as done:  # the same config, trained before: a re-run (make run) skips it
+        print(done)
+        return {"skipped": str(done)}
+    except (ResumeError, ValueError, FileNotFoundError) as e:  # bad input (DataError is a ValueError): named
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(1)
     summary = trainer.fit()
     if trainer.accelerator.is_main_process:
         print(json.dumps(summary, indent=2, ensure_ascii=False))

@@ -110,20 +110,22 @@ def _zero(*names: str) -> dict:
 
 
 def build_cmedteb_open(data: dict, out: Path) -> dict:
-    slots = {}
-    records, texts, report = _read(data, "cepilepsyqa", splits=["test"])
-    counts = _zero("identical_texts_merged", "dropped_no_positive", "dropped_no_negative")
-    rows = _reranking_rows(_candidate_lists(records, texts, "test", counts), lambda label: label >= 1, counts)
-    slots["cmed_v1"] = {"source": "cEpilepsyQA test (cMedQA2 release format), 100 candidates a question, "
-                                  "repeated rows collapsed", **_write_reranking(out / "cmed_v1" / "test.jsonl", rows, counts),
-                        "reader": report}
+    def reranking_slot(source: str, min_label: int, file: Path, description: str, **read_options) -> dict:
+        """A test split's candidate lists as a C-MTEB reranking file; positive = label >= min_label."""
+        records, texts, report = _read(data, source, **read_options)
+        counts = _zero("identical_texts_merged", "dropped_no_positive", "dropped_no_negative")
+        rows = _reranking_rows(_candidate_lists(records, texts, "test", counts), lambda label: label >= min_label,
+                               counts)
+        return {"source": description, **_write_reranking(file, rows, counts), "reader": report}
 
-    records, texts, report = _read(data, "cmedqa2_pairs", files={"test": data["sources"]["cmedqa2_pairs"]["files"]["test"]})
-    counts = _zero("identical_texts_merged", "dropped_no_positive", "dropped_no_negative")
-    rows = _reranking_rows(_candidate_lists(records, texts, "test", counts), lambda label: label >= 1, counts)
-    slots["cmed_v2"] = {"source": "ChineseBLUE cMedQA2 test grouped by question, trusted questions only "
-                                  "(1-2 positives)", **_write_reranking(out / "cmed_v2" / "test.jsonl", rows, counts),
-                        "reader": report}
+    slots = {}
+    slots["cmed_v1"] = reranking_slot(
+        "cepilepsyqa", 1, out / "cmed_v1" / "test.jsonl",
+        "cEpilepsyQA test (cMedQA2 release format), 100 candidates a question, repeated rows collapsed", splits=["test"])
+    slots["cmed_v2"] = reranking_slot(
+        "cmedqa2_pairs", 1, out / "cmed_v2" / "test.jsonl",
+        "ChineseBLUE cMedQA2 test grouped by question, trusted questions only (1-2 positives)",
+        files={"test": data["sources"]["cmedqa2_pairs"]["files"]["test"]})
 
     records, texts, report = _read(data, "kuake_qtr")
     titles = {_short(r.id): r.text for r in records if isinstance(r, Text) and r.role == "title"}
@@ -144,12 +146,10 @@ def build_cmedteb_open(data: dict, out: Path) -> dict:
                           "dropped_no_relevant": len(no_relevant), "conflicting_labels": int(conflicts),
                           "reader": report}
 
-    records, texts, report = _read(data, "cmedir", files={"test": data["sources"]["cmedir"]["files"]["test"]})
-    counts = _zero("identical_texts_merged", "dropped_no_positive", "dropped_no_negative")
-    rows = _reranking_rows(_candidate_lists(records, texts, "test", counts), lambda label: label >= 2, counts)
-    slots["rerank"] = {"source": "cMedIR test grouped by query; positive = label >= 2 (nDCG gain = label), "
-                                 "negative = label 0-1", **_write_reranking(out / "rerank" / "test.jsonl", rows, counts),
-                       "reader": report}
+    slots["rerank"] = reranking_slot(
+        "cmedir", 2, out / "rerank" / "test.jsonl",
+        "cMedIR test grouped by query; positive = label >= 2 (nDCG gain = label), negative = label 0-1",
+        files={"test": data["sources"]["cmedir"]["files"]["test"]})
 
     records, texts, report = _read(data, "kuake_qqr")
     pairs = [{"sentence1": texts[p.text1_id], "sentence2": texts[p.text2_id], "score": p.label}

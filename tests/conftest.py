@@ -8,10 +8,23 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
-import pytest  # noqa: E402
+import pytest
 
-import care  # noqa: E402,F401  (registers config resolvers)
-from care.paths import shared_data  # noqa: E402
+import care  # noqa: F401  (registers config resolvers)
+from care.paths import shared_data
+
+
+@pytest.fixture(scope="module")
+def one_thread():
+    """Tiny models gain nothing from intra-op threads; on a busy 2-core machine OpenMP's spinning threads
+    made their tests ~10x slower.  Use per module (`pytestmark = pytest.mark.usefixtures("one_thread")`);
+    the thread count is restored afterwards for the other test modules of the process."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
 
 
 @pytest.fixture(scope="session")

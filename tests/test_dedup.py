@@ -379,3 +379,20 @@ def test_stage_end_to_end_cli(tmp_path, tiny_bert_dir):
     assert second.returncode == 0, second.stderr[-3000:]
     assert "skipped" in second.stdout
     assert {p.name: p.stat().st_mtime_ns for p in out.iterdir()} == stamp
+
+
+def test_cli_bad_input_is_one_clear_line_and_keeps_earlier_outputs(tmp_path):
+    src = tmp_path / "texts.jsonl"
+    src.write_text('{"id": "a", "text": "头痛怎么办", "role": "answer", "source": "x"}\n'
+                   '{"id": "a", "text": "发烧了怎么办", "role": "answer", "source": "x"}\n', encoding="utf-8")
+    out = tmp_path / "dedup"
+    out.mkdir()
+    (out / "stats.json").write_text("{}", encoding="utf-8")   # a previous run's file: must survive
+    cmd = [sys.executable, "-m", "data_pipeline", *dedup_overrides(), "stage=dedup", f"++input={src}",
+           f"++out={out}", "dedup.stages=[exact,minhash]", "dedup.sources=[x]", f"hydra.run.dir={tmp_path / 'h'}"]
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "WANDB_MODE": "disabled"}
+    run = subprocess.run(cmd, check=False, cwd=PROJECT_ROOT, capture_output=True, text=True, env=env, timeout=120)
+    assert run.returncode == 1
+    assert "error in stage dedup" in run.stderr and f"{src}, line 2, field 'id'" in run.stderr and "duplicate id 'a'" in run.stderr
+    assert "Traceback" not in run.stderr
+    assert (out / "stats.json").read_text(encoding="utf-8") == "{}"

@@ -417,6 +417,19 @@ def test_report_files_say_open_stand_in(tmp_path):
     assert json.loads((tmp_path / "summary.json").read_text())["benchmarks"][0]["open_stand_in"] is True
 
 
+def test_report_shows_the_gain_over_the_zero_shot_baseline(tmp_path):
+    bench = load_benchmark(load_config("evaluate").benchmark)
+    cols = columns([bench])
+    scores = {"tuned": 50.0, "me5": 47.5, "bm25": 90.0}
+    rows = [{"name": n, "label": n, "baseline": n != "tuned", "efficiency": {},
+             "scores": {c["key"]: v + j for j, c in enumerate(cols)}} for n, v in scores.items()]
+    text = write_summary(tmp_path, "run", [bench], rows, {"table_method": "dense"})
+    gain = next(line for line in text.splitlines() if line.startswith("| gain of tuned over me5 |"))
+    # the difference to the first encoder baseline (never BM25), on every score column
+    assert gain.split(" | ")[1:1 + len(cols)] == ["+2.50"] * len(cols)
+    assert not any(line.startswith("| gain of me5") or "over bm25" in line for line in text.splitlines())
+
+
 # ---- the stand-in builder on the real shared data ---------------------------------------------------------
 
 def test_stand_in_builder_matches_the_raw_files(shared, tmp_path):

@@ -7,7 +7,7 @@ from safetensors.torch import load_file
 from test_trainer import make_training_files, train_config
 
 import care.training.trainer as trainer_mod
-from care.training.trainer import ResumeError, Trainer
+from care.training.trainer import AlreadyFinished, ResumeError, Trainer
 
 
 class Crash(RuntimeError):
@@ -93,7 +93,7 @@ def test_refuses_another_configs_checkpoint_and_a_finished_run(setup):
         Trainer(cfg("other", "trainer.lr=0.001"))
     # settings that do not change the weights may differ on resume
     Trainer(cfg("other", "trainer.log_every=4", "trainer.checkpoint_every=3")).fit()
-    with pytest.raises(ResumeError, match="already holds the final model of this run"):
+    with pytest.raises(AlreadyFinished, match="already holds the final model of this run"):
         Trainer(cfg("other"))
     with pytest.raises(ResumeError, match="final model of another run"):
         Trainer(cfg("other", "trainer.lr=0.001"))

@@ -48,6 +48,17 @@ def _fmt(value, digits: int = 2) -> str:
     return f"{value:,.{digits}f}" if digits else f"{value:,.0f}"
 
 
+def gains(rows: list[dict]) -> list[tuple[dict, dict]]:
+    """(model, zero-shot baseline) pairs whose difference the table shows: every model under test against the
+    first encoder baseline (e.g. fine-tuned vs the zero-shot model it started from)."""
+    reference = next((r for r in rows if r.get("baseline") and r["name"] != "bm25"), None)
+    return [(r, reference) for r in rows if reference is not None and not r.get("baseline")]
+
+
+def _fmt_delta(value, reference) -> str:
+    return "n/a" if value is None or reference is None else f"{value - reference:+.2f}"
+
+
 def markdown(run: str, benchmarks: list[Benchmark], rows: list[dict], settings: dict) -> str:
     cols = columns(benchmarks)
     lines = [f"# Evaluation `{run}`", ""]
@@ -63,6 +74,10 @@ def markdown(run: str, benchmarks: list[Benchmark], rows: list[dict], settings: 
         cells += [_fmt(r["efficiency"].get(k) * scale if r["efficiency"].get(k) is not None else None, d)
                   for k, _, scale, d in EFFICIENCY]
         lines.append("| " + " | ".join(cells) + " |")
+    for r, ref in gains(rows):
+        cells = [f"gain of {r['label']} over {ref['label']}"]
+        cells += [_fmt_delta(r["scores"].get(c["key"]), ref["scores"].get(c["key"])) for c in cols]
+        lines.append("| " + " | ".join(cells + [""] * len(EFFICIENCY)) + " |")
     lines += ["", ("Scores on a 0-100 scale (Pearson x 100 for STS), trec_eval conventions (MAP@10 divides by all "
                    f"relevant documents); table method: {settings.get('table_method')} (other methods in the per-task "
                    "JSON)."), ""]

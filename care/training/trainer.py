@@ -64,6 +64,11 @@ class ResumeError(RuntimeError):
     """A checkpoint that does not belong to this config, or a final model of another run in the way."""
 
 
+class AlreadyFinished(ResumeError):
+    """output_dir holds the final model of this very config: nothing to train (train.py reports and skips,
+    as the data pipeline skips an unchanged stage)."""
+
+
 def config_hash(cfg: DictConfig) -> str:
     """What determines the trained weights: the resolved config without RESUME_SAFE keys, plus the content
     of the training files and the starting weights (not their paths, which may move)."""
@@ -216,9 +221,11 @@ class Trainer:
         info = self.out / "final" / "care_training.json"
         if info.exists() and not self.cfg.overwrite:
             theirs = json.loads(info.read_text(encoding="utf-8")).get("config_hash")
-            who = "this run, already finished" if theirs == self.hash else f"another run (config {theirs})"
-            raise ResumeError(f"{info.parent} already holds the final model of {who}; this config is "
-                              f"{self.hash}. Choose another run_name= or pass overwrite=true to replace it.")
+            if theirs == self.hash:
+                raise AlreadyFinished(f"{info.parent} already holds the final model of this run, already "
+                                      f"finished (config {self.hash}): skipped. Pass overwrite=true to train again.")
+            raise ResumeError(f"{info.parent} already holds the final model of another run (config {theirs}); "
+                              f"this config is {self.hash}. Choose another run_name= or pass overwrite=true to replace it.")
         if self.cfg.overwrite and self.accelerator.is_main_process:
             for name in ("checkpoints", "best", "final", "metrics.jsonl", "curves.png"):
                 path = self.out / name
