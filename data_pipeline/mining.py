@@ -2,7 +2,7 @@
 
 Reads the build stage's `examples.jsonl` / `texts.jsonl` / `leakage.json` (`mine.input_dir`) and the dedup
 stage's `clusters.jsonl`; writes `mine.out_dir`:
-    train.jsonl        {"query_id", "pos_ids", "neg_ids", "neg_scores", "rule", "fallback"}
+    train.jsonl        {"query_id", "pos_ids", "neg_ids", "neg_scores", "rule", "pool", "fallback"}
     texts.jsonl        {"id", "text"}: every text train.jsonl refers to
     flag_train.jsonl   the same examples in FlagEmbedding's {"query", "pos", "neg", "neg_scores"}
     leakage.json       the build stage's leakage report, carried along with the files it describes
@@ -306,7 +306,7 @@ def run(cfg: DictConfig) -> dict:
     rows = []
     for ex, m in zip(examples, mined):
         rows.append({"query_id": ex["query_id"], "pos_ids": ex["pos_ids"], "neg_ids": m.neg_ids,
-                     "neg_scores": m.neg_scores, "rule": ex.get("rule"), "fallback": m.fallback})
+                     "neg_scores": m.neg_scores, "rule": ex.get("rule"), "pool": ex["pool"], "fallback": m.fallback})
     used = dict.fromkeys(t for r in rows for t in [r["query_id"], *r["pos_ids"], *r["neg_ids"]])
     write_jsonl(out_dir / "texts.jsonl", ({"id": t, "text": texts[t]} for t in used))
     write_jsonl(out_dir / "train.jsonl", rows)

@@ -78,6 +78,30 @@ def test_unknown_id_names_file_line_and_field(train_files):
         TrainingGroups(texts, train)
 
 
+def test_passages_of_query_side_pools_get_the_query_prefix(tmp_path, shared):
+    texts, train = make_training_files(tmp_path, shared, n_questions=16)
+    rows = list(read_jsonl(train))
+    write_jsonl(train, [{**r, "pool": "questions" if i % 2 else "answers"} for i, r in enumerate(rows)])
+    cfg = train_config(tmp_path, texts, train, "run", "model.query_prefix='Q: '", "model.doc_prefix='D: '",
+                       "trainer.query_side_pools=[questions]")
+    trainer = Trainer(cfg)
+    seen = []
+    tokenizer = trainer.tokenizer
+    trainer.tokenizer = lambda texts, **kw: seen.append(list(texts)) or tokenizer(texts, **kw)
+    batch = next(iter(trainer.loader))
+    trainer.train_step(batch)
+    queries, passages = seen
+    assert all(q.startswith("Q: ") for q in queries)
+    assert len(passages) == len(batch["passage_pools"]) == len(batch["passages"])
+    for text, pool, raw in zip(passages, batch["passage_pools"], batch["passages"]):
+        assert text == ("Q: " if pool == "questions" else "D: ") + raw
+    assert {"questions", "answers"} <= set(batch["passage_pools"])
+
+    write_jsonl(train, rows)  # a file from before the field: refused, with what to do
+    with pytest.raises(ValueError, match="names no pool.*stage=mine force=true"):
+        Trainer(train_config(tmp_path, texts, train, "run2", "trainer.query_side_pools=[questions]"))
+
+
 def _groups(loader) -> dict[str, list[str]]:
     """query text -> its group of passage texts, over one pass of a loader."""
     out = {}

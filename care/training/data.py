@@ -1,7 +1,7 @@
 """Training examples over the id-referencing training files (design.md, "Files between stages").
 
 `texts.jsonl` holds every text once ({"id","text"}); `train.jsonl` refers to them by id:
-{"query_id", "pos_ids": [...], "neg_ids": [...], "neg_scores": [...]}.  Each step an example becomes one
+{"query_id", "pos_ids": [...], "neg_ids": [...], "neg_scores": [...], "pool" (optional)}.  Each step an example becomes one
 group: its query, 1 positive and (group_size - 1) negatives, laid out as the losses expect (for each query
 its positive first, then its negatives).
 
@@ -67,7 +67,7 @@ class TrainingGroups(Dataset):
                 lines = lines or _line_numbers(self.train_path)
                 raise DataError(self.train_path, lines[k], *problem)
             rows.append({"query_id": str(row["query_id"]), "pos_ids": [str(p) for p in row["pos_ids"]],
-                         "neg_ids": [str(n) for n in row.get("neg_ids") or []]})
+                         "neg_ids": [str(n) for n in row.get("neg_ids") or []], "pool": row.get("pool")})
         if not rows:
             raise DataError(self.train_path, None, None, "no training examples")
         return rows
@@ -125,7 +125,8 @@ class TrainingGroups(Dataset):
     def __getitem__(self, item: tuple[int, int]) -> dict:
         epoch, index = item
         qid, pids = self.group_ids(epoch, index)
-        return {"query": self.texts[qid], "passages": [self.texts[p] for p in pids]}
+        return {"query": self.texts[qid], "passages": [self.texts[p] for p in pids],
+                "pool": self.examples[index]["pool"]}
 
 
 class EpochSampler(Sampler):
@@ -148,5 +149,7 @@ class EpochSampler(Sampler):
 
 
 def collate_groups(items: list[dict]) -> dict:
-    """Batch of groups -> {"queries": [B texts], "passages": [B * group_size texts]} in pool layout."""
-    return {"queries": [it["query"] for it in items], "passages": [p for it in items for p in it["passages"]]}
+    """Batch of groups -> {"queries": [B texts], "passages": [B * group_size texts]} in pool layout, and
+    "passage_pools": the pool (build.rules' `pool`, None when the file has none) of each passage's group."""
+    return {"queries": [it["query"] for it in items], "passages": [p for it in items for p in it["passages"]],
+            "passage_pools": [it.get("pool") for it in items for _ in it["passages"]]}

@@ -180,6 +180,9 @@ class Trainer:
 
         self.data = TrainingGroups(cfg.data.texts, cfg.data.examples, t.group_size, cfg.seed,
                                    cfg.data.max_examples)
+        if t.get("query_side_pools") and not any(e["pool"] for e in self.data.examples):
+            raise ValueError(f"trainer.query_side_pools={list(t.query_side_pools)} but {cfg.data.examples} names no "
+                             "pool: it predates the field; re-run `python -m data_pipeline stage=mine force=true`")
         model = build_model(cfg.model, cfg.seed)
         freeze(model, t.freeze)
         if t.gradient_checkpointing:
@@ -294,15 +297,21 @@ class Trainer:
             self._write_metrics([r for r in rows if r["step"] <= self.step])
 
     # ---- the loop ----------------------------------------------------------------------------------------
-    def _tokenize(self, texts: list[str], prefix: str, max_length: int) -> dict:
-        batch = self.tokenizer([prefix + t for t in texts], padding=True, truncation=True,
+    def _tokenize(self, texts: list[str], prefixes: list[str], max_length: int) -> dict:
+        batch = self.tokenizer([p + t for p, t in zip(prefixes, texts)], padding=True, truncation=True,
                                max_length=max_length, return_tensors="pt")
         return {k: v.to(self.accelerator.device) for k, v in batch.items()}
 
     def train_step(self, batch: dict) -> dict[str, float]:
         t, m = self.cfg.trainer, self.cfg.model
-        queries = self._tokenize(batch["queries"], m.get("query_prefix", ""), t.query_max_length)
-        passages = self._tokenize(batch["passages"], m.get("doc_prefix", ""), t.passage_max_length)
+        qp, dp = m.get("query_prefix", ""), m.get("doc_prefix", "")
+        # Passages of a symmetric pool (a question's paraphrase) are queries too: E5-style models embed both
+        # sides of a symmetric pair with the query prefix, as STS and paraphrase search will ask them.
+        symmetric = set(t.get("query_side_pools") or ())
+        pools = batch.get("passage_pools") or [None] * len(batch["passages"])
+        queries = self._tokenize(batch["queries"], [qp] * len(batch["queries"]), t.query_max_length)
+        passages = self._tokenize(batch["passages"], [qp if pool in symmetric else dp for pool in pools],
+                                  t.passage_max_length)
         self.model.train()
         if self.gradcache:
             losses = self.gradcache.step(self.model, queries, passages)
