@@ -62,11 +62,11 @@ def read_jsonl(path: str | Path, required: Iterable[str] = ()) -> Iterator[dict]
         yield row
 
 
-def read_jsonl_numbered(path: str | Path, required: Iterable[str] = ()) -> Iterator[tuple[int, dict]]:
-    """Yield (line number, dict) per non-blank line, so callers can name the line of a bad value."""
-    required = tuple(required)
+def text_lines(path: str | Path) -> Iterator[tuple[int, str]]:
+    """Yield (line number, decoded line) per non-blank line of a UTF-8 file; a missing file or a line that
+    is not UTF-8 is an error naming it."""
     path = Path(path)
-    if not path.exists():
+    if not path.is_file():
         raise FileNotFoundError(f"{path} does not exist")
     with path.open("rb") as fh:
         for lineno, raw in enumerate(fh, 1):
@@ -74,18 +74,24 @@ def read_jsonl_numbered(path: str | Path, required: Iterable[str] = ()) -> Itera
                 line = raw.decode("utf-8")
             except UnicodeDecodeError as e:
                 raise DataError(path, lineno, None, f"undecodable bytes (not UTF-8) at byte {e.start}") from None
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise DataError(path, lineno, None, f"not valid JSON ({e.msg})") from None
-            if not isinstance(row, dict):
-                raise DataError(path, lineno, None, "expected a JSON object")
-            for f in required:
-                if f not in row:
-                    raise DataError(path, lineno, f, "missing")
-            yield lineno, row
+            if line.strip():
+                yield lineno, line
+
+
+def read_jsonl_numbered(path: str | Path, required: Iterable[str] = ()) -> Iterator[tuple[int, dict]]:
+    """Yield (line number, dict) per non-blank line, so callers can name the line of a bad value."""
+    required = tuple(required)
+    for lineno, line in text_lines(path):
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise DataError(path, lineno, None, f"not valid JSON ({e.msg})") from None
+        if not isinstance(row, dict):
+            raise DataError(path, lineno, None, "expected a JSON object")
+        for f in required:
+            if f not in row:
+                raise DataError(path, lineno, f, "missing")
+        yield lineno, row
 
 
 def read_text_store(path: str | Path) -> dict[str, str]:

@@ -17,26 +17,17 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from care.evaluation.metrics import DEFAULT_METRICS, average, evaluate_per_query, parse_metric
-from data_pipeline.io import DataError
+from data_pipeline.io import DataError, text_lines
 
 
 def _rows(path: str | Path, columns: int, layout: str) -> Iterator[tuple[int, list[str]]]:
     """(line number, fields) for each non-blank line, checking the column count."""
-    path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"{path} does not exist")
-    with path.open("rb") as fh:
-        for lineno, raw in enumerate(fh, 1):
-            try:
-                fields = raw.decode("utf-8").split()
-            except UnicodeDecodeError as e:
-                raise DataError(path, lineno, None, f"not UTF-8 (bad byte at {e.start})") from None
-            if not fields:
-                continue
-            if len(fields) != columns:
-                raise DataError(path, lineno, None, f"expected {columns} whitespace-separated columns "
-                                                    f"({layout}), got {len(fields)}")
-            yield lineno, fields
+    for lineno, line in text_lines(path):
+        fields = line.split()
+        if len(fields) != columns:
+            raise DataError(path, lineno, None, f"expected {columns} whitespace-separated columns "
+                                                f"({layout}), got {len(fields)}")
+        yield lineno, fields
 
 
 def read_trec_run(path: str | Path) -> dict[str, dict[str, float]]:
