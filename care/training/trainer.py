@@ -32,6 +32,7 @@ import os
 import random
 import shutil
 import time
+import warnings
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
@@ -181,8 +182,11 @@ class Trainer:
         self.data = TrainingGroups(cfg.data.texts, cfg.data.examples, t.group_size, cfg.seed,
                                    cfg.data.max_examples)
         if t.get("query_side_pools") and not any(e["pool"] for e in self.data.examples):
-            raise ValueError(f"trainer.query_side_pools={list(t.query_side_pools)} but {cfg.data.examples} names no "
-                             "pool: it predates the field; re-run `python -m data_pipeline stage=mine force=true`")
+            # A file of your own may lack pools (every passage then gets the document prefix); one from an
+            # older mine stage should be re-mined.
+            warnings.warn(f"trainer.query_side_pools={list(t.query_side_pools)} but {cfg.data.examples} names no "
+                          "pool, so every passage gets the document prefix; a file from an older mine stage: "
+                          "re-run `python -m data_pipeline stage=mine force=true`", stacklevel=2)
         model = build_model(cfg.model, cfg.seed)
         freeze(model, t.freeze)
         if t.gradient_checkpointing:
