@@ -181,10 +181,11 @@ class Trainer:
 
         self.data = TrainingGroups(cfg.data.texts, cfg.data.examples, t.group_size, cfg.seed,
                                    cfg.data.max_examples)
-        if t.get("query_side_pools") and not any(e["pool"] for e in self.data.examples):
+        self.query_side_pools = set(t.get("query_side_pools") or ())
+        if self.query_side_pools and not any(e["pool"] for e in self.data.examples):
             # A file of your own may lack pools (every passage then gets the document prefix); one from an
             # older mine stage should be re-mined.
-            warnings.warn(f"trainer.query_side_pools={list(t.query_side_pools)} but {cfg.data.examples} names no "
+            warnings.warn(f"trainer.query_side_pools={sorted(self.query_side_pools)} but {cfg.data.examples} names no "
                           "pool, so every passage gets the document prefix; a file from an older mine stage: "
                           "re-run `python -m data_pipeline stage=mine force=true`", stacklevel=2)
         model = build_model(cfg.model, cfg.seed)
@@ -311,10 +312,9 @@ class Trainer:
         qp, dp = m.get("query_prefix", ""), m.get("doc_prefix", "")
         # Passages of a symmetric pool (a question's paraphrase) are queries too: E5-style models embed both
         # sides of a symmetric pair with the query prefix, as STS and paraphrase search will ask them.
-        symmetric = set(t.get("query_side_pools") or ())
-        pools = batch.get("passage_pools") or [None] * len(batch["passages"])
         queries = self._tokenize(batch["queries"], [qp] * len(batch["queries"]), t.query_max_length)
-        passages = self._tokenize(batch["passages"], [qp if pool in symmetric else dp for pool in pools],
+        passages = self._tokenize(batch["passages"],
+                                  [qp if pool in self.query_side_pools else dp for pool in batch["passage_pools"]],
                                   t.passage_max_length)
         self.model.train()
         if self.gradcache:
