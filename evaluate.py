@@ -31,7 +31,8 @@ from care.evaluation.benchmarks import average as benchmark_average
 from care.evaluation.benchmarks import load_benchmark, resolve_paths, run_task
 from care.evaluation.bm25 import BM25Scorer
 from care.evaluation.cache import EmbeddingCache
-from care.evaluation.report import write_summary
+from care.evaluation.report import gains, write_summary
+from care.evaluation.significance import gain_interval
 from care.evaluation.tasks import EncoderScorer, load_task
 from care.paths import PROJECT_ROOT
 from data_pipeline import benchmarks as builders
@@ -60,8 +61,8 @@ def checkpoint_models(ckpt: str, model_cfg: dict) -> list[tuple[str, dict]]:
     if not path.is_dir():
         raise FileNotFoundError(f"ckpt={ckpt}: {path} is not a folder")
     if (own := _checkpoint_config(path, model_cfg)) is not None:
-        # a training run's final/ or best/ folder is named after its run: "cpu_default-me5_small/final"
-        return [(f"{path.parent.name}/{path.name}" if path.name in ("final", "best") else path.name, own)]
+        # a training run's final/, best/ or tuned/ folder is named after its run: "cpu_default-me5_small/final"
+        return [(f"{path.parent.name}/{path.name}" if path.name in ("final", "best", "tuned") else path.name, own)]
     found = [(f"{path.name}/{sub.name}", c) for sub in sorted(path.iterdir())
              if sub.is_dir() and (c := _checkpoint_config(sub, model_cfg)) is not None]
     if not found:
@@ -140,14 +141,24 @@ def _slug(text: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]+", "_", text).strip("_") or "model"
 
 
+def _cell_items(record: dict | None, metric: str) -> dict | None:
+    """One table cell's per-item record: each query's value of `metric`, or the STS predictions."""
+    if record is None or "predicted" in record:
+        return record
+    values = {q: v[metric] for q, v in record["per_query"].items() if metric in v}
+    return {"per_query": values} if values else None
+
+
 def evaluate_model(entry: dict, scorer, loaded: list[tuple], cfg: dict, out: Path) -> dict:
-    scores, details = {}, {}
+    """Scores of one model on every task; `items` (per-query values, STS predictions) for each table cell."""
+    scores, details, cell_items = {}, {}, {}
     for bench, tasks in loaded:
         primary = {}
         for spec, data in tasks:
             start = time.perf_counter()
+            items = {}
             try:
-                per_method = run_task(spec, data, scorer, depth=cfg["depth"], seed=cfg["seed"])
+                per_method = run_task(spec, data, scorer, depth=cfg["depth"], seed=cfg["seed"], items=items)
             except FloatingPointError as e:
                 raise FloatingPointError(f"task {bench.name}/{spec.key} ({spec.path}), model {entry['name']}: {e}") from None
             method = cfg["table_method"] if cfg["table_method"] in per_method else scorer.methods[0]
@@ -158,19 +169,31 @@ def evaluate_model(entry: dict, scorer, loaded: list[tuple], cfg: dict, out: Pat
                 "model": entry["label"], "fingerprint": scorer.fingerprint, "table_method": method,
                 "primary": spec.primary, "value": 100 * primary[spec.key], "scores": per_method,
                 "counts": {k: v for k, v in data.counts.items() if k != "read"}, "reader": data.counts.get("read"),
-                "seconds": round(time.perf_counter() - start, 2)}
+                "seconds": round(time.perf_counter() - start, 2), "items": items.get(method)}
             write_json(out / _slug(entry["name"]) / bench.name / f"{spec.key}.json", record)
             details[f"{bench.name}/{spec.key}"] = per_method
             if spec.slot:
                 scores[f"{bench.name}/{spec.key}"] = 100 * primary[spec.key]
+                cell_items[f"{bench.name}/{spec.key}"] = _cell_items(items.get(method), spec.primary)
             else:
                 for m in spec.metrics:
                     scores[f"{bench.name}/{spec.key}/{m}"] = 100 * per_method[method][m]
+                    cell_items[f"{bench.name}/{spec.key}/{m}"] = _cell_items(items.get(method), m)
         avg = benchmark_average(bench, primary)
         if avg is not None:
             scores[f"{bench.name}/avg"] = avg
     return {"name": entry["name"], "label": entry["label"], "fingerprint": scorer.fingerprint,
-            "baseline": bool(entry.get("baseline")), "scores": scores, "methods": details}
+            "baseline": bool(entry.get("baseline")), "scores": scores, "methods": details, "items": cell_items}
+
+
+def gain_intervals(rows: list[dict], seed: int = 0) -> None:
+    """Each gain row's paired-bootstrap 95% interval per table cell (care.evaluation.significance), stored
+    as row["gain"]; the per-item records are then dropped (they live in the per-task JSON files)."""
+    for row, reference in gains(rows):
+        row["gain"] = {"over": reference["name"], "intervals": {
+            key: gain_interval(items, reference["items"].get(key), seed=seed) for key, items in row["items"].items()}}
+    for row in rows:
+        row.pop("items", None)
 
 
 def efficiency_texts(loaded: list[tuple], cfg: dict) -> tuple[list[str], list[str]] | None:
@@ -202,6 +225,7 @@ def evaluate(cfg: DictConfig | dict) -> dict:
         rows.append(row)
         del scorer
         gc.collect()
+    gain_intervals(rows, seed=cfg["seed"])
     settings = {"max_length": cfg.get("max_length"), "batch_size": cfg["batch_size"], "depth": cfg["depth"],
                 "table_method": cfg["table_method"], "cache": cfg["cache"]["enabled"],
                 "embeddings_encoded": cache.misses, "embeddings_from_cache": cache.hits,

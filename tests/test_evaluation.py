@@ -186,7 +186,9 @@ def test_reranking_equals_trec_eval(samples):
     rows = [json.loads(line) for line in samples["reranking"].read_text(encoding="utf-8").splitlines()]
     assert len(data.queries) == len(rows)
     enc = FakeM3()
-    got = run_reranking(data, EncoderScorer(enc, heads=["dense"], show_progress=False), ["map_cut_10", "ndcg_cut_10"])
+    items = {}
+    got = run_reranking(data, EncoderScorer(enc, heads=["dense"], show_progress=False), ["map_cut_10", "ndcg_cut_10"],
+                        items=items)
     run, qrels = {}, {}
     for i, r in enumerate(rows):
         s = ref_scores(enc, r["query"], r["positive"] + r["negative"])["dense"]
@@ -195,15 +197,22 @@ def test_reranking_equals_trec_eval(samples):
     ref = trec(run, qrels, ["map_cut_10", "ndcg_cut_10"])
     assert got["dense"]["map_cut_10"] == pytest.approx(ref["map_cut_10"], abs=1e-6)
     assert got["dense"]["ndcg_cut_10"] == pytest.approx(ref["ndcg_cut_10"], abs=1e-6)
+    # each query's own values (what the gain bootstrap resamples) are trec_eval's per-query lines
+    per_query = pytrec_eval.RelevanceEvaluator(qrels, {"map_cut_10"}).evaluate(run)
+    mine = items["dense"]["per_query"]
+    assert [mine[q]["map_cut_10"] for q in data.queries] == pytest.approx(
+        [per_query[f"q{i}"]["map_cut_10"] for i in range(len(rows))], abs=1e-6)
 
 
 def test_sts_equals_scipy_on_symmetrised_scores(samples):
     sts = load_task("sts", samples["sts"])
     enc = FakeM3()
-    got = run_sts(sts, EncoderScorer(enc, show_progress=False))
+    items = {}
+    got = run_sts(sts, EncoderScorer(enc, show_progress=False), items=items)
     for method in ("dense", "sparse", "colbert", "hybrid"):
         # both sides are queries; dense is the cosine; a pair scores the mean of its two directions
         pred = [(ref_scores(enc, a, [b])[method][0] + ref_scores(enc, b, [a])[method][0]) / 2 for a, b in sts.pairs]
+        assert items[method]["predicted"] == pytest.approx(pred, abs=1e-6) and items[method]["gold"] == sts.gold
         assert got[method]["pearson"] == pytest.approx(stats.pearsonr(pred, sts.gold).statistic, abs=1e-6), method
         # ranks: ColBERT scores of near-identical pairs tie at float32 resolution and may swap places
         assert got[method]["spearman"] == pytest.approx(stats.spearmanr(pred, sts.gold).statistic, abs=1e-3), method

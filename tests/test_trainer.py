@@ -217,6 +217,26 @@ def test_early_stopping_keeps_the_best_weights(tmp_path, shared):
     assert info["data"] == {"examples": 16, "group_size": 3, "short_of_negatives": 0, "without_negatives": 0}
 
 
+def test_merge_with_start_writes_the_merged_final_and_keeps_the_tuned_weights(tmp_path, shared):
+    texts, train = make_training_files(tmp_path, shared, n_questions=16)
+    cfg = train_config(tmp_path, texts, train, "run", "trainer.max_steps=2", "trainer.merge_with_start=0.25",
+                       "trainer.checkpoint_every=100")
+    Trainer(cfg).fit()
+    run = tmp_path / "run"
+    start, tuned, final = (M3Model.load(p).state_dict() for p in (tmp_path / "tiny-m3", run / "tuned", run / "final"))
+    moved = [k for k in tuned if not torch.equal(tuned[k], start[k])]
+    assert moved  # training changed the weights, so the merge has something to do
+    for k in tuned:
+        expected = 0.25 * tuned[k] + 0.75 * start[k] if k.startswith("backbone.") else tuned[k]  # heads as trained
+        torch.testing.assert_close(final[k], expected, rtol=0, atol=1e-6, msg=k)
+    info = json.loads((run / "final" / "care_training.json").read_text(encoding="utf-8"))
+    assert info["merge"] == {"weight": 0.25, "start": str(tmp_path / "tiny-m3"), "tuned": str(run / "tuned")}
+    assert json.loads((run / "tuned" / "care_training.json").read_text(encoding="utf-8"))["merge"] is None
+    from evaluate import checkpoint_models  # ckpt=<run> scores the merged and the tuned model side by side
+
+    assert [name for name, _ in checkpoint_models(str(run), {})] == ["run/final", "run/tuned"]
+
+
 def test_dev_metric_matches_an_independent_reranking(tmp_path, shared):
     """The validation metric against a reference: dense scores by hand and pytrec_eval's map_cut_10."""
     import pytrec_eval

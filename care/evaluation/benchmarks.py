@@ -128,11 +128,11 @@ def resolve_paths(bench: Benchmark, override_prefix: str = "benchmark") -> list[
     return ready
 
 
-def run_task(spec: TaskSpec, data, scorer, depth: int = 1024, seed: int = 0) -> dict:
-    """Scores of every method of `scorer` on one loaded task (0-1 scale)."""
+def run_task(spec: TaskSpec, data, scorer, depth: int = 1024, seed: int = 0, items: dict | None = None) -> dict:
+    """Scores of every method of `scorer` on one loaded task (0-1 scale); `items` as the runners take it."""
     if spec.type == "retrieval":
-        return RUNNERS["retrieval"](data, scorer, spec.metrics, depth=spec.depth or depth, seed=seed)
-    return RUNNERS[spec.type](data, scorer, spec.metrics)
+        return RUNNERS["retrieval"](data, scorer, spec.metrics, depth=spec.depth or depth, seed=seed, items=items)
+    return RUNNERS[spec.type](data, scorer, spec.metrics, items=items)
 
 
 def average(bench: Benchmark, primary_by_task: dict[str, float]) -> float | None:

@@ -59,6 +59,14 @@ def _fmt_delta(value, reference) -> str:
     return "n/a" if value is None or reference is None else f"{value - reference:+.2f}"
 
 
+def _fmt_interval(interval: dict | None) -> str:
+    """A gain's 95% interval; `*` marks one that excludes 0 (more than the evaluation set's noise)."""
+    if not interval:
+        return ""
+    mark = "*" if interval["low"] > 0 or interval["high"] < 0 else ""
+    return f"[{interval['low']:+.2f}, {interval['high']:+.2f}]{mark}"
+
+
 def markdown(run: str, benchmarks: list[Benchmark], rows: list[dict], settings: dict) -> str:
     cols = columns(benchmarks)
     lines = [f"# Evaluation `{run}`", ""]
@@ -78,6 +86,14 @@ def markdown(run: str, benchmarks: list[Benchmark], rows: list[dict], settings: 
         cells = [f"gain of {r['label']} over {ref['label']}"]
         cells += [_fmt_delta(r["scores"].get(c["key"]), ref["scores"].get(c["key"])) for c in cols]
         lines.append("| " + " | ".join(cells + [""] * len(EFFICIENCY)) + " |")
+        intervals = r.get("gain", {}).get("intervals", {})
+        if any(intervals.values()):
+            cells = ["95% interval of that gain"] + [_fmt_interval(intervals.get(c["key"])) for c in cols]
+            lines.append("| " + " | ".join(cells + [""] * len(EFFICIENCY)) + " |")
+    if any(r.get("gain") for r in rows):
+        lines += ["", ("Gain intervals: paired bootstrap over the task's queries (STS: its pairs), 2,000 resamples "
+                       "(care/evaluation/significance.py); * = the interval excludes 0, a difference larger than "
+                       "the evaluation set's sampling noise.  A training run's seed adds noise of its own.")]
     lines += ["", ("Scores on a 0-100 scale (Pearson x 100 for STS), trec_eval conventions (MAP@10 divides by all "
                    f"relevant documents); table method: {settings.get('table_method')} (other methods in the per-task "
                    "JSON)."), ""]

@@ -35,7 +35,13 @@ from scipy import sparse as sp
 
 from care.encoders import Embeddings, Encoder
 from care.evaluation.cache import EmbeddingCache
-from care.evaluation.metrics import accuracy_at_n, evaluate, run_from_topk, sts_correlations
+from care.evaluation.metrics import (
+    accuracy_at_n,
+    average,
+    evaluate_per_query,
+    run_from_topk,
+    sts_correlations,
+)
 from care.models.m3 import colbert_score, lexical_score
 from data_pipeline.io import DataError
 from data_pipeline.records import Pair, QueryCandidates, Text
@@ -284,10 +290,19 @@ def _finite(scores: np.ndarray, data: TaskData, item: str) -> np.ndarray:
     return scores
 
 
-def run_retrieval(data: TaskData, scorer, metrics: Sequence[str], depth: int = 1024,
-                  seed: int = 0) -> dict[str, dict[str, float]]:
+def _trec(run, data: TaskData, metrics: Sequence[str], method: str, items: dict | None) -> dict[str, float]:
+    """Averaged trec metrics; with `items`, each query's values too (what significance.py resamples)."""
+    per_query = evaluate_per_query(run, data.qrels, metrics)
+    if items is not None:
+        items[method] = {"per_query": per_query}
+    return average(per_query, metrics)
+
+
+def run_retrieval(data: TaskData, scorer, metrics: Sequence[str], depth: int = 1024, seed: int = 0,
+                  items: dict | None = None) -> dict[str, dict[str, float]]:
     """Every query against the whole corpus; trec metrics on the top `depth`, Acc@N (`acc_N`) by sampling
-    N - 1 random negatives per (query, positive) pair (care.evaluation.metrics.accuracy_at_n)."""
+    N - 1 random negatives per (query, positive) pair (care.evaluation.metrics.accuracy_at_n).
+    `items`, a dict, receives each method's per-query values (Acc@N has none: it is a rate over trials)."""
     qids, dids = list(data.queries), list(data.docs)
     prepared = scorer.prepare([data.queries[q] for q in qids], [data.docs[d] for d in dids])
     trec = [m for m in metrics if not m.startswith("acc_")]
@@ -298,7 +313,7 @@ def run_retrieval(data: TaskData, scorer, metrics: Sequence[str], depth: int = 1
         for row, qid in enumerate(qids):
             keep = idx[row] >= 0
             _finite(scores[row][keep], data, f"query {data.queries[qid]!r} ({method})")
-        results[method] = evaluate(run_from_topk(qids, dids, idx, scores), data.qrels, trec) if trec else {}
+        results[method] = _trec(run_from_topk(qids, dids, idx, scores), data, trec, method, items) if trec else {}
         for m in metrics:
             if m.startswith("acc_"):
                 results[method][m] = accuracy_at_n(partial(prepared.score, method), relevant, int(m[4:]),
@@ -306,8 +321,9 @@ def run_retrieval(data: TaskData, scorer, metrics: Sequence[str], depth: int = 1
     return results
 
 
-def run_reranking(data: TaskData, scorer, metrics: Sequence[str]) -> dict[str, dict[str, float]]:
-    """Score each query's own candidates; trec metrics over that list (MAP@10 divides by all positives)."""
+def run_reranking(data: TaskData, scorer, metrics: Sequence[str], items: dict | None = None) -> dict[str, dict[str, float]]:
+    """Score each query's own candidates; trec metrics over that list (MAP@10 divides by all positives).
+    `items`, a dict, receives each method's per-query values."""
     qids, dids = list(data.queries), list(data.docs)
     position = {d: i for i, d in enumerate(dids)}
     prepared = scorer.prepare([data.queries[q] for q in qids], [data.docs[d] for d in dids])
@@ -319,13 +335,15 @@ def run_reranking(data: TaskData, scorer, metrics: Sequence[str]) -> dict[str, d
             s = _finite(prepared.score(method, qi, [position[d] for d in cands]), data,
                         f"a candidate of query {data.queries[qid]!r} ({method})")
             run[qid] = dict(zip(cands, s.tolist()))
-        results[method] = evaluate(run, data.qrels, metrics)
+        results[method] = _trec(run, data, metrics, method, items)
     return results
 
 
-def run_sts(data: TaskData, scorer, metrics: Sequence[str] = ("pearson", "spearman")) -> dict[str, dict[str, float]]:
+def run_sts(data: TaskData, scorer, metrics: Sequence[str] = ("pearson", "spearman"),
+            items: dict | None = None) -> dict[str, dict[str, float]]:
     """Similarity of each pair vs the gold score.  Both sides are embedded as queries and compared by
-    cosine; a pair's score is the mean of both directions (ColBERT and BM25 are not symmetric)."""
+    cosine; a pair's score is the mean of both directions (ColBERT and BM25 are not symmetric).
+    `items`, a dict, receives each method's predicted similarities and the gold scores."""
     texts = list(dict.fromkeys(t for pair in data.pairs for t in pair))
     position = {t: i for i, t in enumerate(texts)}
     prepared = scorer.prepare(texts, texts, doc_side="query", cosine=True)
@@ -340,6 +358,8 @@ def run_sts(data: TaskData, scorer, metrics: Sequence[str] = ("pearson", "spearm
             _finite(predicted, data, f"pair #{bad[0] + 1} ({a!r}, {b!r})")
         corr = sts_correlations(predicted, data.gold)
         results[method] = {m: corr[m] for m in metrics}
+        if items is not None:
+            items[method] = {"predicted": predicted.tolist(), "gold": list(data.gold)}
     return results
 
 

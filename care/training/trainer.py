@@ -13,7 +13,10 @@ Run folder `output_dir` (outputs/train/<run name>/):
                                 + rng-<rank>.pt per process; everything loads with torch.load(weights_only=True)
     best/                       the best model so far by the validation metric (FlagEmbedding's M3 format)
     final/                      the model to use: `best` when validating, else the last weights (M3 format)
-                                + care_training.json (config, hash, steps, why it stopped)
+                                + care_training.json (config, hash, steps, why it stopped); with
+                                trainer.merge_with_start = w, those weights merged with the start
+                                (care.training.merge: w * tuned + (1 - w) * start, backbone only)
+    tuned/                      with a merge only: the fine-tuned weights before it (M3 format)
     metrics.jsonl, curves.png   one row per logged step / validation; the curves drawn from them
 
 Resume is exact: the same weights as an uninterrupted run, bit for bit on CPU in fp32.  That needs the model,
@@ -52,6 +55,7 @@ from care.training.data import EpochSampler, TrainingGroups, collate_groups
 from care.training.distributed import gather_reps, world_size
 from care.training.gradcache import GradCache
 from care.training.losses import M3Loss
+from care.training.merge import merge_with_start
 from data_pipeline.io import atomic_open, file_digest, read_jsonl, write_json, write_jsonl
 
 # Settings that do not change the trained weights: a run may resume with other values for these.
@@ -235,7 +239,7 @@ class Trainer:
             raise ResumeError(f"{info.parent} already holds the final model of another run (config {theirs}); "
                               f"this config is {self.hash}. Choose another run_name= or pass overwrite=true to replace it.")
         if self.cfg.overwrite and self.accelerator.is_main_process:
-            for name in ("checkpoints", "best", "final", "metrics.jsonl", "curves.png"):
+            for name in ("checkpoints", "best", "tuned", "final", "metrics.jsonl", "curves.png"):
                 path = self.out / name
                 shutil.rmtree(path) if path.is_dir() else path.unlink(missing_ok=True)
         self.accelerator.wait_for_everyone()
@@ -403,21 +407,33 @@ class Trainer:
         """FlagEmbedding's M3 folder (loadable by evaluate.py ckpt=... and BGEM3FlagModel) + care_training.json."""
         acc = self.accelerator
         final = self.out / "final"
+        merge_weight = self.cfg.trainer.get("merge_with_start")
         if acc.is_main_process:
             best = self.out / "best"
-            if self.stopper and best.exists():  # the early-stopping choice, not the last weights
-                tmp = final.with_name(".final.tmp")
+            use_best = bool(self.stopper and best.exists())  # the early-stopping choice, not the last weights
+            # With a merge the fine-tuned weights are kept in tuned/ and final/ is the merged model.
+            tuned = final if merge_weight is None else self.out / "tuned"
+            if use_best:
+                tmp = tuned.with_name(f".{tuned.name}.tmp")
                 shutil.rmtree(tmp, ignore_errors=True)
                 shutil.copytree(best, tmp)
-                shutil.rmtree(final, ignore_errors=True)
-                os.replace(tmp, final)
+                shutil.rmtree(tuned, ignore_errors=True)
+                os.replace(tmp, tuned)
             else:
-                acc.unwrap_model(self.model).save(final)
+                acc.unwrap_model(self.model).save(tuned)
+            if merge_weight is not None:
+                merged = M3Model.load(tuned, self.cfg.model.get("pooling", "cls"))
+                merge_with_start(merged, build_model(self.cfg.model, self.cfg.seed), merge_weight)
+                merged.save(final)
             model_cfg = {**OmegaConf.to_container(self.cfg.model, resolve=True), "kind": "m3", "path": str(final)}
-            write_json(final / "care_training.json", {
-                "config_hash": self.hash, "steps": self.step, "stop_reason": self.stop_reason, "data": self.data.stats,
-                "weights": f"best (step {self.stopper.best_step})" if self.stopper and best.exists() else "last",
-                "model": model_cfg, "config": OmegaConf.to_container(self.cfg, resolve=True)})
+            info = {"config_hash": self.hash, "steps": self.step, "stop_reason": self.stop_reason,
+                    "data": self.data.stats, "weights": f"best (step {self.stopper.best_step})" if use_best else "last",
+                    "merge": None if merge_weight is None else {
+                        "weight": merge_weight, "start": str(self.cfg.model.path), "tuned": str(tuned)},
+                    "model": model_cfg, "config": OmegaConf.to_container(self.cfg, resolve=True)}
+            write_json(final / "care_training.json", info)
+            if merge_weight is not None:  # tuned/ is a model of its own: evaluate.py ckpt=<run> scores both
+                write_json(tuned / "care_training.json", {**info, "merge": None, "model": {**model_cfg, "path": str(tuned)}})
         acc.wait_for_everyone()
         return final
 
