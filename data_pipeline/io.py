@@ -66,6 +66,8 @@ def text_lines(path: str | Path) -> Iterator[tuple[int, str]]:
     """Yield (line number, decoded line) per non-blank line of a UTF-8 file; a missing file or a line that
     is not UTF-8 is an error naming it."""
     path = Path(path)
+    if path.is_dir():
+        raise IsADirectoryError(f"{path} is a directory; a UTF-8 text file (one record a line) is expected here")
     if not path.is_file():
         raise FileNotFoundError(f"{path} does not exist")
     with path.open("rb") as fh:

@@ -312,6 +312,13 @@ def test_undecodable_bytes(tmp_path):
         load_rows(src, roles=None, sources=None)
 
 
+def test_a_directory_or_missing_file_is_named(tmp_path):
+    with pytest.raises(IsADirectoryError, match=f"{tmp_path} is a directory"):
+        load_rows(tmp_path, roles=None, sources=None)
+    with pytest.raises(FileNotFoundError, match="nope.jsonl does not exist"):
+        load_rows(tmp_path / "nope.jsonl", roles=None, sources=None)
+
+
 def test_role_and_source_filters(tmp_path):
     src = tmp_path / "in.jsonl"
     src.write_text("".join(json.dumps({"id": str(i), "text": f"文本{i}", "role": r, "source": s}) + "\n"

@@ -116,6 +116,10 @@ def test_a_folder_that_is_not_a_model_is_refused(task_paths, tmp_path):
         checkpoint_models(str(resume), {"kind": "dense"})
     with pytest.raises(FileNotFoundError, match="is not a folder"):
         checkpoint_models(str(tmp_path / "nope"), {"kind": "dense"})
+    runs = tmp_path / "train"  # outputs/train: the folder of runs, one level too high
+    (runs / "run_a" / "final").mkdir(parents=True)
+    with pytest.raises(ValueError, match=f"holds training runs \\(run_a\\): pass one of them, ckpt={runs}/run_a"):
+        checkpoint_models(str(runs), {"kind": "dense"})
     # a folder with config.json but no weights: the loader's own error names the folder
     broken = tmp_path / "broken"
     broken.mkdir()

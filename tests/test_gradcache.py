@@ -143,6 +143,38 @@ def test_bf16_autocast_matches_uncached():
         assert float((got[name] - ref[name]).abs().max()) <= 1e-5 * scale + 1e-8, name
 
 
+def test_heads_on_detached_features():
+    """backbone_heads=[dense]: the backbone gets exactly the dense loss's gradient, the sparse and ColBERT
+    heads exactly the gradient they get when all three losses train the backbone, and GradCache agrees."""
+    def model(backbone_heads=("dense", "sparse", "colbert")):
+        def make():
+            m = tiny_m3(dropout=0.1).double().train()
+            m.set_backbone_heads(backbone_heads)
+            return m
+        return make
+
+    dense_only = M3Loss(weights={"dense": 1.0, "sparse": 0.0, "colbert": 0.0}, group_size=worker.GROUP)
+    (_, detached), (_, detached_gc) = run_both(model(["dense"]), preset("equal"), 2)
+    (_, reference_backbone), _ = run_both(model(), dense_only, 2)
+    (_, all_heads), _ = run_both(model(), preset("equal"), 2)
+    for name, g in detached.items():
+        torch.testing.assert_close(detached_gc[name], g, rtol=1e-7, atol=1e-9, msg=name)
+        if name.startswith("backbone."):
+            torch.testing.assert_close(g, reference_backbone[name], rtol=1e-7, atol=1e-12, msg=name)
+        else:  # the heads still learn, as much as with the shared gradient
+            assert float(g.abs().max()) > 0, name
+            torch.testing.assert_close(g, all_heads[name], rtol=1e-7, atol=1e-12, msg=name)
+    moved = max(float((all_heads[n] - detached[n]).abs().max()) for n in detached if n.startswith("backbone."))
+    assert moved > 1e-6  # the sparse and ColBERT losses do reach the backbone when not detached
+
+
+def test_backbone_heads_must_name_heads():
+    model = tiny_m3(dropout=0.0)
+    for bad in ([], ["dense", "bm25"]):
+        with pytest.raises(ValueError, match="backbone_heads=.*name one or more of dense, sparse, colbert"):
+            model.set_backbone_heads(bad)
+
+
 def test_pool_that_does_not_fit_is_a_clear_error():
     model = tiny_m3(dropout=0.0).double()
     qb, pb = batches(model)

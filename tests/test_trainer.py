@@ -237,6 +237,26 @@ def test_merge_with_start_writes_the_merged_final_and_keeps_the_tuned_weights(tm
     assert [name for name, _ in checkpoint_models(str(run), {})] == ["run/final", "run/tuned"]
 
 
+def test_backbone_heads_keeps_the_other_losses_off_the_backbone(tmp_path, shared):
+    """trainer.backbone_heads=[dense]: the backbone trains exactly as under the dense loss alone, while the
+    sparse and ColBERT heads still learn (no clipping, which would couple them through the global norm)."""
+    texts, train = make_training_files(tmp_path, shared, n_questions=16)
+    common = ("trainer.max_steps=2", "trainer.checkpoint_every=100", "trainer.max_grad_norm=1e9")
+    runs = {"detached": ["trainer.backbone_heads=[dense]"],
+            "dense_loss": ["loss.weights.sparse=0", "loss.weights.colbert=0"]}
+    for run, extra in runs.items():
+        Trainer(train_config(tmp_path, texts, train, run, *common, *extra)).fit()
+    start, detached, dense_loss = (M3Model.load(p).state_dict()
+                                   for p in (tmp_path / "tiny-m3", tmp_path / "detached" / "final",
+                                             tmp_path / "dense_loss" / "final"))
+    for k in detached:
+        if k.startswith("backbone."):
+            torch.testing.assert_close(detached[k], dense_loss[k], rtol=1e-5, atol=1e-7, msg=k)
+    for head in ("sparse_linear.weight", "colbert_linear.weight"):
+        assert not torch.equal(detached[head], start[head]), head
+    assert any(not torch.equal(detached[k], start[k]) for k in detached if k.startswith("backbone.encoder."))
+
+
 def test_dev_metric_matches_an_independent_reranking(tmp_path, shared):
     """The validation metric against a reference: dense scores by hand and pytrec_eval's map_cut_10."""
     import pytrec_eval
@@ -273,6 +293,7 @@ def test_every_experiment_composes(name):
         assert cfg.model.name == "bge_m3" and t.batch_size * t.group_size == 1280 and t.lr == 1e-5
         assert t.warmup_ratio == 0.01 and t.mixed_precision == "bf16" and cfg.validation.patience > 0
         assert dict(cfg.loss.weights) == {"dense": 1.0, "sparse": 1.0, "colbert": 1.0, "ensemble": 0.0}
+        assert list(t.backbone_heads) == ["dense", "sparse", "colbert"]  # every loss trains the backbone
     # a backbone swap on the command line wins over the experiment's choice
     assert load_config("train", [f"experiment={name}", "model=tiny_m3"]).model.name == "tiny_m3"
 

@@ -38,6 +38,7 @@ from care.encoders.base import Embeddings, Encoder, resolve_model_path, weights_
 from care.encoders.dense import batched_forward, pick_device
 from care.encoders.pooling import pool
 
+HEADS = ("dense", "sparse", "colbert")
 HEAD_FILES = ("colbert_linear.pt", "sparse_linear.pt")
 # Passage blocks for the ColBERT score: the query-token x passage-token similarity tensor of one block
 # (queries x q_len x block x p_len) is freed before the next block, so memory stays bounded for any pool.
@@ -61,6 +62,11 @@ class M3Model(nn.Module):
     sparse_ids    [B, L]       the input ids the weights belong to (no gradient)
     colbert       [B, L-1, D]  normalised token vectors without CLS, zero at padding
     colbert_mask  [B, L-1]     1 for real tokens (no gradient)
+
+    `backbone_heads` names the heads whose loss gradient reaches the backbone (all three by default, the
+    source recipe).  A head left out reads the backbone's hidden states detached: it still learns, but its
+    loss no longer moves the shared encoder, so fresh heads cannot drag a pretrained dense model around
+    while they are still random (`trainer.backbone_heads`).
     """
 
     def __init__(self, backbone: nn.Module, tokenizer, pooling: str = "cls", colbert_dim: int = -1,
@@ -80,8 +86,16 @@ class M3Model(nn.Module):
         self.colbert_linear = colbert_linear
         self.sparse_linear = sparse_linear if sparse_linear is not None else nn.Linear(hidden, 1, dtype=dtype)
         special = {tokenizer.cls_token_id, tokenizer.eos_token_id, tokenizer.pad_token_id, tokenizer.unk_token_id}
+        self.backbone_heads: tuple[str, ...] = HEADS
         self.register_buffer("special_ids", torch.tensor(sorted(i for i in special if i is not None)),
                              persistent=False)
+
+    def set_backbone_heads(self, heads: Sequence[str]) -> None:
+        unknown = sorted(set(heads) - set(HEADS))
+        if unknown or not heads:
+            raise ValueError(f"backbone_heads={list(heads)}: name one or more of {', '.join(HEADS)} (the heads "
+                             f"whose loss trains the backbone; to train no backbone at all, freeze it instead)")
+        self.backbone_heads = tuple(h for h in HEADS if h in heads)
 
     @property
     def config(self):
@@ -93,11 +107,13 @@ class M3Model(nn.Module):
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, **inputs) -> dict[str, torch.Tensor]:
         hidden = self.backbone(input_ids=input_ids, attention_mask=attention_mask, **inputs).last_hidden_state
-        dense = F.normalize(pool(hidden, attention_mask, self.pooling), dim=-1)
+        detached = hidden.detach()
+        features = {h: hidden if h in self.backbone_heads else detached for h in HEADS}
+        dense = F.normalize(pool(features["dense"], attention_mask, self.pooling), dim=-1)
         keep = attention_mask.bool() & ~torch.isin(input_ids, self.special_ids)
-        sparse = torch.relu(self.sparse_linear(hidden)).squeeze(-1) * keep
+        sparse = torch.relu(self.sparse_linear(features["sparse"])).squeeze(-1) * keep
         colbert_mask = attention_mask[:, 1:]
-        colbert = F.normalize(self.colbert_linear(hidden[:, 1:]) * colbert_mask.unsqueeze(-1), dim=-1)
+        colbert = F.normalize(self.colbert_linear(features["colbert"][:, 1:]) * colbert_mask.unsqueeze(-1), dim=-1)
         return {"dense": dense, "sparse": sparse, "sparse_ids": input_ids, "colbert": colbert,
                 "colbert_mask": colbert_mask}
 
@@ -242,7 +258,7 @@ def score_matrix(queries: Embeddings, docs: Embeddings, head: str) -> np.ndarray
 
 # ---- the evaluation/mining interface ------------------------------------------------------------------
 class M3Encoder(Encoder):
-    heads = ("dense", "sparse", "colbert")
+    heads = HEADS
 
     def __init__(self, path: str, name: str = "m3", pooling: str = "cls", query_prefix: str = "",
                  doc_prefix: str = "", max_length: int = 512, device: str | None = None,

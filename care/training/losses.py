@@ -20,9 +20,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from care.models.m3 import HEAD_SCORES
-
-HEADS = ("dense", "sparse", "colbert")
+from care.models.m3 import HEAD_SCORES, HEADS
 
 
 def pool_group_size(n_queries: int, n_passages: int, group_size: int | None = None) -> int:

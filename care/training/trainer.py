@@ -194,6 +194,7 @@ class Trainer:
                           "re-run `python -m data_pipeline stage=mine force=true`", stacklevel=2)
         model = build_model(cfg.model, cfg.seed)
         freeze(model, t.freeze)
+        model.set_backbone_heads(list(t.backbone_heads))
         if t.gradient_checkpointing:
             model.gradient_checkpointing_enable()
         self.tokenizer = model.tokenizer
