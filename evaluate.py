@@ -67,10 +67,13 @@ def checkpoint_models(ckpt: str, model_cfg: dict) -> list[tuple[str, dict]]:
              if sub.is_dir() and (c := _checkpoint_config(sub, model_cfg)) is not None]
     if not found:
         runs = sorted(sub.name for sub in path.iterdir() if (sub / "final").is_dir())
-        hint = (" It holds state.pt: that is a training-resume checkpoint; evaluate the run's final/ or best/ folder."
-                if (path / "state.pt").exists() else
-                f" It holds training runs ({', '.join(runs[:5])}{', ...' if len(runs) > 5 else ''}): pass one of "
-                f"them, ckpt={path / runs[0]}" if runs else "")
+        if (path / "state.pt").exists():
+            hint = " It holds state.pt: that is a training-resume checkpoint; evaluate the run's final/ or best/ folder."
+        elif runs:  # outputs/train: the folder of runs, one level above the runs
+            hint = (f" It holds training runs ({', '.join(runs[:5])}{', ...' if len(runs) > 5 else ''}): pass one of "
+                    f"them, ckpt={path / runs[0]}")
+        else:
+            hint = ""
         raise ValueError(f"ckpt={ckpt}: {path} is not a model checkpoint (no config.json, care_training.json or "
                          f"M3 head files) and holds no checkpoint folders.{hint}")
     return found

@@ -178,6 +178,12 @@ def _load_backbone(folder: Path, dtype: torch.dtype | None = None) -> nn.Module:
         return AutoModel.from_pretrained(folder, dtype=dtype)
 
 
+def load_backbone(name_or_path: str | Path, build_hint: str = "") -> nn.Module:
+    """The plain encoder of a Hugging Face folder, an M3 checkpoint or a hub id, without heads: what a
+    merge with the start needs (care.training.merge)."""
+    return _load_backbone(_local_folder(name_or_path, build_hint))
+
+
 def _local_folder(name_or_path: str | Path, build_hint: str = "") -> Path:
     """A local folder as is; a hub id (BAAI/bge-m3) through the hub cache, which also holds the head files."""
     resolved = resolve_model_path(str(name_or_path), build_hint)

@@ -52,7 +52,7 @@ def merge_with_start(model, start, weight: float):
 
 
 def main(argv: list[str] | None = None) -> None:
-    from care.models.m3 import M3Model, _load_backbone, _local_folder
+    from care.models.m3 import M3Model, load_backbone
 
     p = argparse.ArgumentParser(description="Merge a fine-tuned M3 checkpoint with the encoder it started from.")
     p.add_argument("tuned", help="fine-tuned M3 checkpoint folder (FlagEmbedding's format)")
@@ -64,7 +64,7 @@ def main(argv: list[str] | None = None) -> None:
     if out.exists():
         p.error(f"{out} exists; the merge never replaces a folder")
     model = M3Model.load(a.tuned)
-    merge_with_start(model, _load_backbone(_local_folder(a.start)), a.weight)
+    merge_with_start(model, load_backbone(a.start), a.weight)
     model.save(out)
     print(f"merged {a.tuned} ({a.weight}) with {a.start} ({1 - a.weight:g}) -> {out}")
 

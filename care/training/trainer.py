@@ -50,7 +50,7 @@ from tqdm.auto import tqdm
 from transformers import get_cosine_schedule_with_warmup
 
 from care.encoders.base import Embeddings, weights_digest
-from care.models.m3 import M3Encoder, M3Model
+from care.models.m3 import M3Encoder, M3Model, load_backbone
 from care.training.data import EpochSampler, TrainingGroups, collate_groups
 from care.training.distributed import gather_reps, world_size
 from care.training.gradcache import GradCache
@@ -424,7 +424,8 @@ class Trainer:
                 acc.unwrap_model(self.model).save(tuned)
             if merge_weight is not None:
                 merged = M3Model.load(tuned, self.cfg.model.get("pooling", "cls"))
-                merge_with_start(merged, build_model(self.cfg.model, self.cfg.seed), merge_weight)
+                merge_with_start(merged, load_backbone(self.cfg.model.path, self.cfg.model.get("build_hint", "")),
+                                 merge_weight)
                 merged.save(final)
             model_cfg = {**OmegaConf.to_container(self.cfg.model, resolve=True), "kind": "m3", "path": str(final)}
             info = {"config_hash": self.hash, "steps": self.step, "stop_reason": self.stop_reason,
