@@ -45,12 +45,14 @@ run: model
 	$(PY) train.py
 	$(PY) evaluate.py ckpt=$(TRAIN_RUN)/final
 
+# Every test, the ones marked slow included (under 10 minutes on 2 cores).
 test: setup
 	@# One torch thread per worker: two xdist workers on two cores, no oversubscription.
-	WANDB_MODE=disabled OMP_NUM_THREADS=1 $(PY) -m pytest -q -m "not slow" -n 2 --dist loadfile
+	WANDB_MODE=disabled OMP_NUM_THREADS=1 $(PY) -m pytest -q -n 2 --dist loadfile
 
+# Only the tests marked slow (each over a minute on 2 cores, or starting subprocesses).
 test-slow: setup
-	WANDB_MODE=disabled $(PY) -m pytest -q -m slow
+	WANDB_MODE=disabled OMP_NUM_THREADS=1 $(PY) -m pytest -q -m slow
 
 bench: model
 	$(PY) -m bench

@@ -13,7 +13,6 @@ embeddings cached on disk (a re-run encodes nothing).  Outputs go to `out_dir` (
 from __future__ import annotations
 
 import gc
-import json
 import os
 import re
 import sys
@@ -25,34 +24,19 @@ from omegaconf import DictConfig, OmegaConf
 from tqdm.auto import tqdm
 
 import care  # noqa: F401  (registers the ${paths:...} resolver)
-from care.encoders import build_encoder
+from care.config import CONF_DIR
+from care.data.io import DataError, write_json
+from care.data.tasks import load_task
+from care.encoders import build_encoder, detect
+from care.encoders.cache import EmbeddingCache
 from care.evaluation import efficiency
 from care.evaluation.benchmarks import average as benchmark_average
 from care.evaluation.benchmarks import load_benchmark, resolve_paths, run_task
-from care.evaluation.bm25 import BM25Scorer
-from care.evaluation.cache import EmbeddingCache
 from care.evaluation.report import gains, write_summary
 from care.evaluation.significance import gain_interval
-from care.evaluation.tasks import EncoderScorer, load_task
-from care.paths import PROJECT_ROOT
+from care.retrieval.bm25 import BM25Scorer
+from care.retrieval.scorer import EncoderScorer
 from data_pipeline import benchmarks as builders
-from data_pipeline.io import DataError, write_json
-
-HEAD_FILES = ("colbert_linear.pt", "sparse_linear.pt")  # FlagEmbedding's M3 checkpoint (care.models.m3)
-
-
-# ---- which models ----------------------------------------------------------------------------------------
-
-def _checkpoint_config(folder: Path, model_cfg: dict) -> dict | None:
-    """The model config to build `folder` with, or None when it is no model folder."""
-    if (folder / "care_training.json").is_file():  # train.py's final/ folder records its own model config
-        return {**json.loads((folder / "care_training.json").read_text(encoding="utf-8"))["model"],
-                "path": str(folder)}
-    if all((folder / f).is_file() for f in HEAD_FILES):
-        return {**model_cfg, "kind": "m3", "path": str(folder)}
-    if (folder / "config.json").is_file():
-        return {**model_cfg, "path": str(folder)}
-    return None
 
 
 def checkpoint_models(ckpt: str, model_cfg: dict) -> list[tuple[str, dict]]:
@@ -60,11 +44,11 @@ def checkpoint_models(ckpt: str, model_cfg: dict) -> list[tuple[str, dict]]:
     path = Path(ckpt).expanduser().resolve()
     if not path.is_dir():
         raise FileNotFoundError(f"ckpt={ckpt}: {path} is not a folder")
-    if (own := _checkpoint_config(path, model_cfg)) is not None:
+    if (own := detect(path, model_cfg)) is not None:
         # a training run's final/, best/ or tuned/ folder is named after its run: "cpu_default-me5_small/final"
         return [(f"{path.parent.name}/{path.name}" if path.name in ("final", "best", "tuned") else path.name, own)]
     found = [(f"{path.name}/{sub.name}", c) for sub in sorted(path.iterdir())
-             if sub.is_dir() and (c := _checkpoint_config(sub, model_cfg)) is not None]
+             if sub.is_dir() and (c := detect(sub, model_cfg)) is not None]
     if not found:
         runs = sorted(sub.name for sub in path.iterdir() if (sub / "final").is_dir())
         if (path / "state.pt").exists():
@@ -80,7 +64,7 @@ def checkpoint_models(ckpt: str, model_cfg: dict) -> list[tuple[str, dict]]:
 
 
 def _model_file(name: str) -> dict:
-    path = PROJECT_ROOT / "conf" / "model" / f"{name}.yaml"
+    path = CONF_DIR / "model" / f"{name}.yaml"
     if not path.is_file():
         known = ", ".join(sorted(p.stem for p in path.parent.glob("*.yaml")))
         raise FileNotFoundError(f"baseline {name!r}: no conf/model/{name}.yaml (known: bm25, {known})")
@@ -244,7 +228,7 @@ def evaluate(cfg: DictConfig | dict) -> dict:
     return {"out_dir": str(out), "rows": rows, "settings": settings, "table": table}
 
 
-@hydra.main(config_path="conf", config_name="evaluate", version_base="1.3")
+@hydra.main(config_path=str(CONF_DIR), config_name="evaluate", version_base="1.3")
 def main(cfg: DictConfig) -> None:
     try:
         evaluate(cfg)

@@ -12,8 +12,8 @@ import time
 
 import torch
 
+from care.data.io import write_json
 from care.paths import PROJECT_ROOT
-from data_pipeline.io import write_json
 
 BENCHES = {
     "dedup": "bench.dedup_bench",

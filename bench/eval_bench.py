@@ -18,10 +18,12 @@ import time
 from omegaconf import OmegaConf
 
 from care.config import load_config
+from care.data.tasks import TaskData, load_task
 from care.encoders import build_encoder
-from care.evaluation.bm25 import BM25Scorer
-from care.evaluation.cache import EmbeddingCache
-from care.evaluation.tasks import EncoderScorer, TaskData, load_task, run_retrieval
+from care.encoders.cache import EmbeddingCache
+from care.evaluation.tasks import run_retrieval
+from care.retrieval.bm25 import BM25Scorer
+from care.retrieval.scorer import EncoderScorer
 from data_pipeline.benchmarks import build
 
 QUERIES, DOCS = 100, 2000

@@ -21,7 +21,7 @@ import numpy as np
 
 from care.config import load_config
 from care.encoders import build_encoder
-from care.evaluation.cache import EmbeddingCache
+from care.encoders.cache import EmbeddingCache
 from care.paths import shared_data
 from data_pipeline import mining
 
@@ -90,7 +90,7 @@ def run() -> dict:
                 d = q
             else:
                 docs = list(dict.fromkeys(p for e in pool for p in e["pos_ids"]))
-                d = mining.encode(encoder, [texts[t] for t in docs], "doc", 64, cache)
+                d = mining.encode(encoder, [texts[t] for t in docs], "document", 64, cache)
             t0 = time.perf_counter()
             index = faiss.IndexFlatIP(d.shape[1])
             index.add(d)

@@ -127,8 +127,8 @@ def throughput(steps: int = 5, n_queries: int = 8) -> dict:
     from FlagEmbedding.finetune.embedder.encoder_only.m3.modeling import EncoderOnlyEmbedderM3Model
 
     from care.config import load_config
+    from care.data.io import write_jsonl
     from care.training.trainer import Trainer
-    from data_pipeline.io import write_jsonl
 
     tmp = Path(tempfile.mkdtemp(prefix="train-bench-"))
     queries, passages = real_texts(n_queries * steps)

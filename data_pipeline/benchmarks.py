@@ -35,14 +35,14 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
-from data_pipeline.io import atomic_open, write_json, write_jsonl
-from data_pipeline.records import Pair, QueryCandidates, Text
-from data_pipeline.sources import read_source, source_files
-from data_pipeline.stage_cache import fingerprint, up_to_date
+from care.data.io import atomic_open, write_json, write_jsonl
+from care.data.records import Pair, QueryCandidates, Text
+from care.data.sources import code_files, read_source, source_files
+from care.data.stage_cache import fingerprint, up_to_date
 
 OPEN_STAND_IN = ("open stand-in built from public data (data README); not the real CMedTEB / cMedQA2 sets, "
                  "scores are not comparable with published ones")
-CODE = [Path(__file__)] + sorted(Path(__file__).parent.glob("sources/*.py"))
+CODE = [Path(__file__), *code_files()]
 
 
 def _read(data: dict, name: str, **overrides):
@@ -214,3 +214,7 @@ def run(cfg: DictConfig) -> dict:
             sizes = {k: v for k, v in s.items() if isinstance(v, int)}
             print(f"  {slot:13s} {s['source']}\n  {'':13s} {sizes}")
     return stats
+
+
+def summary(stats: dict) -> str:
+    return ", ".join(f"{b}: {len(s.get('slots', {}))} tasks" for b, s in stats.items())

@@ -32,10 +32,10 @@ from datasketch import MinHash, MinHashLSH
 from omegaconf import DictConfig, OmegaConf
 from tqdm.auto import tqdm
 
+from care.data.io import DataError, read_jsonl, read_text_store, write_json, write_jsonl
+from care.data.stage_cache import fingerprint, up_to_date
 from data_pipeline.dedup.minhash import choose_bands_rows, jaccard, shingles
 from data_pipeline.dedup.normalize import Normalizer
-from data_pipeline.io import DataError, read_jsonl, read_text_store, write_json, write_jsonl
-from data_pipeline.stage_cache import fingerprint, up_to_date
 
 FROM = {"pairs": "pairs.jsonl", "candidates": "candidates.jsonl"}
 
@@ -353,3 +353,8 @@ def _print_table(per_rule: dict, leakage: dict) -> None:
         after = sum(s["after"].values())
         print(f"{name:<34}{s['queries']:>9}{before:>14}{after:>7}")
     print(f"leakage rule removed {leakage['removed']['training_pairs']} training pairs")
+
+
+def summary(stats: dict) -> str:
+    removed = stats.get("leakage_removed", {}).get("training_pairs", 0)
+    return f"{stats.get('examples', 0):,} examples, {stats.get('texts', 0):,} texts; leakage rule removed {removed:,} pairs"

@@ -19,13 +19,15 @@ from pathlib import Path
 from omegaconf import DictConfig, OmegaConf
 from tqdm import tqdm
 
-from data_pipeline.io import file_digest, write_json, write_jsonl
-from data_pipeline.records import Pair, QueryCandidates, Text, to_json
-from data_pipeline.sources import read_source, source_files
-from data_pipeline.stage_cache import fingerprint, up_to_date
+import care.data.records
+import care.data.sources
+from care.data.io import file_digest, write_json, write_jsonl
+from care.data.records import Pair, QueryCandidates, Text, to_json
+from care.data.sources import read_source, source_files
+from care.data.stage_cache import fingerprint, up_to_date
 
 # The reader code is an input too: a fixed reader must not be skipped as "unchanged".
-CODE = sorted(Path(__file__).parent.glob("sources/*.py")) + [Path(__file__), Path(__file__).with_name("records.py")]
+CODE = [*care.data.sources.code_files(), Path(care.data.records.__file__), Path(__file__)]
 
 
 def run(cfg: DictConfig) -> dict:
@@ -92,3 +94,8 @@ def _table(stats: dict, out: Path) -> str:
     lines.append(f"import: {o['texts']:,} texts, {o['pairs']:,} pairs, {o['candidate_lists']:,} candidate lists "
                  f"in {stats['seconds']} s -> {out}")
     return "\n".join(lines)
+
+
+def summary(stats: dict) -> str:
+    o = stats.get("outputs", {})
+    return f"{o.get('texts', 0):,} texts, {o.get('pairs', 0):,} pairs, {o.get('candidate_lists', 0):,} candidate lists"

@@ -22,7 +22,7 @@ Up to max_negatives are stored, most similar first, with their scores (rounded t
 the window test, so a stored score is exactly the one tested).  Examples with fewer than min_negatives
 in the window are filled up by the fallback (nearest candidates below lo, then random ones below hi),
 and the number filled is stored per example.  Embeddings go through the on-disk cache
-(care.evaluation.cache, keyed by encoder fingerprint and text hash), so a re-run with another window
+(care.encoders.cache, keyed by encoder fingerprint and text hash), so a re-run with another window
 costs no encoding; a run whose inputs, encoder weights and config are unchanged is skipped.
 """
 from __future__ import annotations
@@ -38,16 +38,16 @@ import numpy as np
 from omegaconf import DictConfig, OmegaConf
 from tqdm.auto import tqdm
 
+from care.data.io import DataError, read_jsonl, read_text_store, save_figure, write_json, write_jsonl
+from care.data.stage_cache import fingerprint, up_to_date
 from care.encoders import Encoder, build_encoder
-from care.encoders.base import weights_digest
-from care.evaluation.cache import EmbeddingCache
+from care.encoders.cache import EmbeddingCache, embed
+from care.models.hub import weights_digest
+from care.retrieval.index import flat_index, unit_rows
 from data_pipeline.build import export_flag
 from data_pipeline.dedup.clusters import clusters_from_edges
 from data_pipeline.dedup.normalize import Normalizer
-from data_pipeline.dedup.semantic import flat_index, unit_rows
 from data_pipeline.dedup.stage import encoder_thresholds
-from data_pipeline.io import DataError, atomic_open, read_jsonl, read_text_store, write_json, write_jsonl
-from data_pipeline.stage_cache import fingerprint, up_to_date
 
 SIMILARITY = ("question", "document")
 
@@ -196,13 +196,8 @@ class PoolMiner:
 
 def encode(encoder: Encoder, texts: list[str], side: str, batch_size: int,
            cache: EmbeddingCache | None) -> np.ndarray:
-    fn = encoder.encode_queries if side == "query" else encoder.encode_documents
-
-    def embed(batch: list[str]):
-        return fn(batch, batch_size=batch_size, show_progress=True)
-
-    emb = cache.get(encoder.fingerprint, side, ("dense",), texts, embed) if cache else embed(texts)
-    return unit_rows(emb.dense)  # cosine, whatever the encoder's own normalisation (CARE truncates after it)
+    """Unit rows, so scores are cosines whatever the encoder's own normalisation (CARE truncates after it)."""
+    return unit_rows(embed(encoder, texts, side, cache, batch_size).dense)
 
 
 def mine_pool(examples: list[dict], texts: dict[str, str], encoder: Encoder, cluster_of: dict[str, int],
@@ -215,11 +210,11 @@ def mine_pool(examples: list[dict], texts: dict[str, str], encoder: Encoder, clu
     if opts["similarity"] == "question":
         cands = queries
     else:
-        cands = encode(encoder, [texts[d] for d in miner.docs], "doc", opts["batch_size"], cache)
+        cands = encode(encoder, [texts[d] for d in miner.docs], "document", opts["batch_size"], cache)
     t1 = time.perf_counter()
     # +1: in question mode each query comes back as its own nearest neighbour (its positives are excluded).
     k = min(opts["top_k"] + (opts["similarity"] == "question"), len(cands))
-    index, _ = flat_index(cands)  # moved to the GPUs when faiss-gpu sees any
+    index = flat_index(cands)  # moved to the GPUs when faiss-gpu sees any
     scores, neighbours = index.search(queries, k)
     t2 = time.perf_counter()
     rng = random.Random(opts["seed"])
@@ -261,9 +256,7 @@ def plot_histogram(path: Path, neighbour_sims: np.ndarray, kept: list[float], fi
     ax.set_title(title, fontsize=10)
     ax.legend(fontsize=8, loc="upper left")
     fig.subplots_adjust(left=0.09, right=0.98, top=0.88, bottom=0.12)
-    with atomic_open(path, "wb") as fh:
-        fig.savefig(fh, format="png", dpi=110)
-    plt.close(fig)
+    save_figure(fig, path, dpi=110)
 
 
 def run(cfg: DictConfig) -> dict:
@@ -346,3 +339,9 @@ def run(cfg: DictConfig) -> dict:
           f"{stats['examples_short_before_fallback']:,} had fewer than {opts['min_negatives']} in "
           f"[{window['lo']:g}, {window['hi']:g}) and got the fallback; {seconds['total']} s -> {out_dir}")
     return stats
+
+
+def summary(stats: dict) -> str:
+    n, w = stats.get("negatives", {}), stats.get("window", {})
+    return (f"{stats.get('examples', 0):,} examples, {n.get('per_example_mean', 0)} negatives each in "
+            f"[{w.get('lo')}, {w.get('hi')}), {stats.get('examples_with_fallback', 0):,} with fallback")

@@ -20,8 +20,8 @@ import pytest
 from omegaconf import open_dict
 
 from care.config import load_config
+from care.data.io import DataError
 from data_pipeline import build
-from data_pipeline.io import DataError
 
 SOURCES = ("cmedqa2_pairs", "kuake_qqr", "kuake_qtr")
 NEAR = "请问医生"  # prepended to a test question to plant a near duplicate in the dev training split

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from care.encoders import Embeddings
-from care.evaluation.cache import EmbeddingCache, text_key
+from care.encoders.cache import EmbeddingCache, text_key
 
 
 def test_keys_with_trailing_nul_are_found_again(tmp_path):
@@ -20,8 +20,8 @@ def test_keys_with_trailing_nul_are_found_again(tmp_path):
         return Embeddings(dense=np.arange(len(batch) * 4, dtype=np.float32).reshape(len(batch), 4))
 
     cache = EmbeddingCache(tmp_path)
-    first = cache.get("fp", "doc", ["dense"], sample, encode)
+    first = cache.get("fp", "document", ["dense"], sample, encode)
     # a different list (forces the per-text lookup across chunks, not the whole-list shortcut)
-    second = cache.get("fp", "doc", ["dense"], sample[::-1], encode)
+    second = cache.get("fp", "document", ["dense"], sample[::-1], encode)
     assert len(calls) == 1, f"re-encoded {calls[1:]}"
     np.testing.assert_array_equal(second.dense, first.dense[::-1])

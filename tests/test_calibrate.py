@@ -15,9 +15,9 @@ import numpy as np
 import pytest
 
 from care.config import load_config
+from care.data.io import DataError
 from care.encoders import build_encoder
 from data_pipeline.dedup import calibrate
-from data_pipeline.io import DataError
 from data_pipeline.planted import shared_texts
 
 EDGES = [0.70, 0.75, 0.80, 0.85, 0.90, 0.95, 1.0]

@@ -6,8 +6,9 @@ import pytest
 import torch
 
 from care.config import load_config
-from care.encoders import build_encoder, resolve_model_path
-from care.encoders.pooling import pool
+from care.encoders import build_encoder
+from care.models.hub import resolve_model_path
+from care.models.pooling import pool
 from care.models.tiny import chinese_tokenizer, tiny_qwen3
 
 TEXTS = ["高血压患者可以吃鸡蛋吗？", "糖尿病的早期症状有哪些", "小儿发烧39度怎么办"]

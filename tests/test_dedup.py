@@ -17,15 +17,16 @@ from omegaconf import open_dict
 from scipy.sparse import csr_matrix
 
 from care.config import load_config
+from care.data.io import DataError
 from care.encoders import build_encoder
+from care.encoders.cache import EmbeddingCache, embed
 from care.paths import PROJECT_ROOT
 from data_pipeline.dedup.clusters import clusters_from_edges, survivors
 from data_pipeline.dedup.exact import exact_clusters
 from data_pipeline.dedup.minhash import choose_bands_rows, minhash_pairs, s_curve
 from data_pipeline.dedup.normalize import Normalizer
-from data_pipeline.dedup.semantic import cosine_pairs, embed, nearest_neighbour_cosine
+from data_pipeline.dedup.semantic import cosine_pairs, nearest_neighbour_cosine
 from data_pipeline.dedup.stage import ThresholdError, load_rows, run, semantic_thresholds
-from data_pipeline.io import DataError
 from data_pipeline.planted import plant, shared_texts
 
 # ---- references written independently of the code under test ----------------------------------------
@@ -233,18 +234,25 @@ def test_embeddings_are_cached_by_encoder_and_text(tiny_vectors, tmp_path):
     calls = []
 
     class Spy:
-        name, fingerprint = enc.name, enc.fingerprint
+        name = enc.name
+
+        def side_fingerprint(self, side):
+            return enc.side_fingerprint(side)
 
         def encode_documents(self, batch, **kw):
             calls.append(len(batch))
             return enc.encode_documents(batch, **kw)
 
-    first, hits, encoded = embed(Spy(), texts[:100], cache_root=tmp_path)
+    def cached(n):
+        cache = EmbeddingCache(tmp_path)
+        return embed(Spy(), texts[:n], "document", cache).dense, cache.hits, cache.misses
+
+    first, hits, encoded = cached(100)
     assert calls == [100] and (hits, encoded) == (0, 100)
-    again, hits, encoded = embed(Spy(), texts[:100], cache_root=tmp_path)
+    again, hits, encoded = cached(100)
     assert calls == [100] and (hits, encoded) == (100, 0)
     np.testing.assert_array_equal(first, again)
-    grown, _, encoded = embed(Spy(), texts[:101], cache_root=tmp_path)
+    grown, _, encoded = cached(101)
     assert calls == [100, 1] and encoded == 1
     np.testing.assert_allclose(grown, v[:101], atol=1e-5)
 

@@ -11,8 +11,8 @@ import pytest
 from safetensors import safe_open
 
 from care.config import load_config
+from care.data.io import write_jsonl
 from care.paths import PROJECT_ROOT
-from data_pipeline.io import write_jsonl
 
 QUERIES = ["头痛发烧怎么办", "糖尿病人能吃西瓜吗", "高血压要吃什么药", "孩子咳嗽有痰"]
 DOCS = ["发烧头痛可以先物理降温，多喝水", "糖尿病患者少量吃西瓜，注意血糖", "高血压常用药有氨氯地平",

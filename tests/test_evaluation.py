@@ -18,14 +18,16 @@ import pytrec_eval
 from scipy import stats
 
 from care.config import load_config
+from care.data.io import DataError, write_jsonl
+from care.data.tasks import load_task
 from care.encoders import Embeddings, Encoder
+from care.encoders.cache import EmbeddingCache, list_hash, text_key
 from care.encoders.dense import HFDenseEncoder
 from care.evaluation.benchmarks import average, load_benchmark, resolve_paths
-from care.evaluation.bm25 import BM25Scorer, tokenize
-from care.evaluation.cache import EmbeddingCache, list_hash, text_key
 from care.evaluation.report import columns, write_summary
-from care.evaluation.tasks import EncoderScorer, load_task, run_reranking, run_retrieval, run_sts
-from data_pipeline.io import DataError, write_jsonl
+from care.evaluation.tasks import run_reranking, run_retrieval, run_sts
+from care.retrieval.bm25 import BM25Scorer, tokenize
+from care.retrieval.scorer import EncoderScorer
 
 # ---- fixtures: small task files from the real data ------------------------------------------------------
 
@@ -113,14 +115,14 @@ class FakeM3(Encoder):
         self.encoded = 0
         self.nan_for = nan_for
 
-    def identity(self):
+    def identity(self, side):
         return {"fake": "m3", "nan": self.nan_for}
 
     @property
     def online_parameters(self):
         return 1234
 
-    def _encode(self, texts, heads):
+    def encode(self, texts, side, batch_size, heads, show_progress):
         self.encoded += len(texts)
         dense = np.stack([_unit(_rng(t).normal(size=8)) for t in texts]).astype(np.float32) if texts else np.zeros((0, 8), np.float32)
         for i, t in enumerate(texts):
@@ -130,12 +132,6 @@ class FakeM3(Encoder):
         colbert = ([np.stack([_unit(_rng(c).normal(size=4)) for c in t]).astype(np.float32) for t in texts]
                    if "colbert" in heads else None)
         return Embeddings(dense, sparse, colbert)
-
-    def encode_queries(self, texts, batch_size=32, heads=("dense",), show_progress=False):
-        return self._encode(list(texts), heads)
-
-    def encode_documents(self, texts, batch_size=32, heads=("dense",), show_progress=False):
-        return self._encode(list(texts), heads)
 
 
 def ref_lexical(a: dict, b: dict) -> float:
@@ -147,8 +143,8 @@ def ref_colbert(q: np.ndarray, d: np.ndarray) -> float:
 
 
 def ref_scores(enc: FakeM3, query: str, docs: list[str], weights=(1.0, 0.3, 1.0)) -> dict[str, np.ndarray]:
-    q = enc._encode([query], enc.heads)
-    d = enc._encode(docs, enc.heads)
+    q = enc.encode([query], "query", 32, enc.heads, False)
+    d = enc.encode(docs, "query", 32, enc.heads, False)
     out = {"dense": d.dense @ q.dense[0],
            "sparse": np.array([ref_lexical(q.sparse[0], s) for s in d.sparse]),
            "colbert": np.array([ref_colbert(q.colbert[0], c) for c in d.colbert])}
@@ -168,8 +164,8 @@ def test_retrieval_dense_equals_brute_force_scored_by_trec_eval(samples):
     got = run_retrieval(data, scorer, ["ndcg_cut_10", "map_cut_10", "recall_100", "mrr_1000"], depth=1024)
     assert set(got) == {"dense"}
     qids, dids = list(data.queries), list(data.docs)
-    q = enc._encode([data.queries[i] for i in qids], ["dense"]).dense.astype(np.float64)
-    d = enc._encode([data.docs[i] for i in dids], ["dense"]).dense.astype(np.float64)
+    q = enc.encode([data.queries[i] for i in qids], "query", 32, ["dense"], False).dense.astype(np.float64)
+    d = enc.encode([data.docs[i] for i in dids], "query", 32, ["dense"], False).dense.astype(np.float64)
     full = q @ d.T
     run = {qid: {did: float(full[i, j]) for j, did in enumerate(dids)} for i, qid in enumerate(qids)}
     ref = trec(run, data.qrels, ["ndcg_cut_10", "map_cut_10", "recall_100", "recip_rank"])
@@ -268,7 +264,7 @@ def test_acc_at_n_uses_the_sampled_negatives(samples):
     from care.evaluation.metrics import sample_acc_trials
 
     qids, dids = list(data.queries), list(data.docs)
-    full = enc._encode([data.queries[q] for q in qids], ["dense"]).dense @ enc._encode(list(data.docs.values()), ["dense"]).dense.T
+    full = enc.encode([data.queries[q] for q in qids], "query", 32, ["dense"], False).dense @ enc.encode(list(data.docs.values()), "query", 32, ["dense"], False).dense.T
     relevant = [[dids.index(d) for d, g in data.qrels[q].items() if g >= 1] for q in qids]
     wins = [full[q, p] > full[q, negs].max() for q, p, negs in sample_acc_trials(relevant, n, len(dids), seed=3)]
     assert got == pytest.approx(np.mean(wins))
@@ -310,12 +306,12 @@ def test_cache_encodes_each_text_once_and_survives_bad_chunks(tmp_path, caplog):
     heads = enc.heads
 
     def get(texts):
-        return cache.get(enc.fingerprint, "doc", heads, texts, lambda t: enc.encode_documents(t, heads=heads))
+        return cache.get(enc.fingerprint, "document", heads, texts, lambda t: enc.encode_documents(t, heads=heads))
 
     texts = ["头痛", "发烧怎么办", "头痛", "糖尿病饮食"]
     first = get(texts)
     assert enc.encoded == 3  # the repeated text is encoded once
-    direct = FakeM3()._encode(texts, heads)
+    direct = FakeM3().encode(texts, "document", 32, heads, False)
     np.testing.assert_array_equal(first.dense, direct.dense)
     for a, b in zip(first.sparse, direct.sparse):  # weights are stored as float32, as models give them
         assert a.keys() == b.keys() and np.allclose(list(a.values()), list(b.values()), rtol=1e-6)
@@ -334,7 +330,7 @@ def test_cache_encodes_each_text_once_and_survives_bad_chunks(tmp_path, caplog):
     # an encoder failing half way leaves no chunk behind
     chunks = set(tmp_path.rglob("*.npz"))
     with pytest.raises(RuntimeError):
-        cache.get(enc.fingerprint, "doc", heads, ["失败"], lambda t: (_ for _ in ()).throw(RuntimeError("boom")))
+        cache.get(enc.fingerprint, "document", heads, ["失败"], lambda t: (_ for _ in ()).throw(RuntimeError("boom")))
     assert set(tmp_path.rglob("*.npz")) == chunks and not list(tmp_path.rglob("*.tmp"))
     # a truncated chunk is ignored (with a warning) and its texts re-encoded
     victim = tmp_path / enc.fingerprint / "doc-dense+sparse+colbert" / f"{list_hash([text_key(t) for t in texts[:2] + texts[3:]])}.npz"
@@ -342,7 +338,7 @@ def test_cache_encodes_each_text_once_and_survives_bad_chunks(tmp_path, caplog):
     before = enc.encoded
     fresh = EmbeddingCache(tmp_path)
     with caplog.at_level("WARNING"):
-        out = fresh.get(enc.fingerprint, "doc", heads, texts, lambda t: enc.encode_documents(t, heads=heads))
+        out = fresh.get(enc.fingerprint, "document", heads, texts, lambda t: enc.encode_documents(t, heads=heads))
     assert "unreadable" in caplog.text and enc.encoded > before
     np.testing.assert_array_equal(out.dense, direct.dense)
 

@@ -8,8 +8,8 @@ from collections import Counter
 import pytest
 
 from care.config import load_config
+from care.data.io import DataError
 from data_pipeline import import_stage
-from data_pipeline.io import DataError
 
 # a quick subset that still yields every record kind, a filter and an unlabelled split
 LEFT_OUT = ["cepilepsyqa", "kuake_qtr", "chip_sts", "chip2019", "cmedqq", "cmedir"]

@@ -15,8 +15,10 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
 from care.encoders import build_encoder
+from care.encoders.m3 import M3Encoder
+from care.encoders.scores import score_matrix
 from care.models import m3
-from care.models.m3 import M3Encoder, M3Model, score_matrix, tiny_m3
+from care.models.m3 import M3Model, tiny_m3
 from care.paths import PROJECT_ROOT
 from care.training.losses import M3Loss
 
@@ -75,9 +77,9 @@ def test_load_refuses_a_folder_without_head_files(tiny_bert_dir, tmp_path):
         M3Model.load(tiny_bert_dir)
     cfg = OmegaConf.load(PROJECT_ROOT / "conf" / "model" / "tiny_m3.yaml")
     with pytest.raises(FileNotFoundError, match="not an M3 checkpoint"):
-        build_encoder(cfg, path=str(tiny_bert_dir))
+        build_encoder({**cfg, "path": str(tiny_bert_dir)})
     with pytest.raises(FileNotFoundError, match=r"does not exist.*python -m care.models.m3 tiny"):
-        build_encoder(cfg, path=str(tmp_path / "missing"))
+        build_encoder({**cfg, "path": str(tmp_path / "missing")})
 
 
 def test_init_command_gives_a_loadable_checkpoint(tiny_bert_dir, tmp_path, monkeypatch):
@@ -195,7 +197,7 @@ def test_flagembedding_preset_equals_flagembeddings_loss(texts):
 def test_encoder_from_config_and_fingerprint(tmp_path, texts):
     path = tiny_m3(dropout=0.0).save(tmp_path / "m3")
     cfg = OmegaConf.load(PROJECT_ROOT / "conf" / "model" / "tiny_m3.yaml")
-    enc = build_encoder(cfg, path=str(path), device="cpu")
+    enc = build_encoder({**cfg, "path": str(path)}, device="cpu")
     assert isinstance(enc, M3Encoder) and enc.heads == HEADS
     emb = enc.encode_documents(texts["docs"], batch_size=4, heads=HEADS)
     assert emb.dense.shape == (len(texts["docs"]), 64) and len(emb.sparse) == len(emb.colbert) == len(emb)
@@ -203,4 +205,4 @@ def test_encoder_from_config_and_fingerprint(tmp_path, texts):
     assert enc.online_parameters == sum(p.numel() for p in enc.model.parameters())
     before = enc.fingerprint
     torch.save({"weight": torch.ones(1, 64), "bias": torch.zeros(1)}, path / "sparse_linear.pt")
-    assert build_encoder(cfg, path=str(path), device="cpu").fingerprint != before  # heads are identity
+    assert build_encoder({**cfg, "path": str(path)}, device="cpu").fingerprint != before  # heads are identity

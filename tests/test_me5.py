@@ -18,9 +18,9 @@ import pytest
 from safetensors import safe_open
 
 from care.config import load_config
+from care.data.io import DataError, file_digest
 from care.encoders import build_encoder
 from care.models import build_me5
-from data_pipeline.io import DataError, file_digest
 
 
 @pytest.fixture(scope="session")

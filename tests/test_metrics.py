@@ -16,6 +16,7 @@ import pytest
 import pytrec_eval
 from scipy import stats
 
+from care.data.io import DataError
 from care.evaluation.metrics import (
     DEFAULT_METRICS,
     accuracy_at_n,
@@ -29,7 +30,6 @@ from care.evaluation.metrics import (
 )
 from care.evaluation.trec import main, read_trec_qrels, read_trec_run
 from care.paths import PROJECT_ROOT
-from data_pipeline.io import DataError
 
 CUTS = (1, 3, 5, 10, 50)  # 50 is longer than every run list below
 TOL = 1e-6

@@ -17,11 +17,11 @@ from omegaconf import OmegaConf, open_dict
 from transformers import BertConfig, BertModel
 
 from care.config import load_config
+from care.data.io import DataError
 from care.encoders import build_encoder
 from care.models.tiny import chinese_tokenizer
 from data_pipeline import mining
 from data_pipeline.dedup.stage import ThresholdError
-from data_pipeline.io import DataError
 
 TOP_K = 30
 

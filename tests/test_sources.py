@@ -13,9 +13,9 @@ import pytest
 from omegaconf import OmegaConf
 
 from care.config import load_config
-from data_pipeline.io import DataError
-from data_pipeline.records import Pair, Text, md5_key
-from data_pipeline.sources import read_source
+from care.data.io import DataError
+from care.data.records import Pair, Text, md5_key
+from care.data.sources import read_source
 
 
 @pytest.fixture(scope="module")

@@ -14,11 +14,13 @@ from torch.utils.data import DataLoader
 
 from care.config import CONF_DIR as CONF
 from care.config import load_config
-from care.models.m3 import M3Encoder, M3Model, tiny_m3
+from care.data.io import DataError, read_jsonl, write_jsonl
+from care.encoders.m3 import M3Encoder
+from care.models.m3 import M3Model, tiny_m3
 from care.paths import PROJECT_ROOT as ROOT
 from care.training.data import EpochSampler, TrainingGroups, collate_groups
-from care.training.trainer import Trainer, dev_metric
-from data_pipeline.io import DataError, read_jsonl, write_jsonl
+from care.training.trainer import Trainer
+from care.training.validation import Validator
 
 # Tiny models run fastest on one thread; two threads on a busy 2-core machine run ~15x slower.
 torch.set_num_threads(1)
@@ -86,8 +88,8 @@ def test_passages_of_query_side_pools_get_the_query_prefix(tmp_path, shared):
                        "trainer.query_side_pools=[questions]")
     trainer = Trainer(cfg)
     seen = []
-    tokenizer = trainer.tokenizer
-    trainer.tokenizer = lambda texts, **kw: seen.append(list(texts)) or tokenizer(texts, **kw)
+    tokenizer = trainer.family.tokenizer
+    trainer.family.tokenizer = lambda texts, **kw: seen.append(list(texts)) or tokenizer(texts, **kw)
     batch = next(iter(trainer.loader))
     trainer.train_step(batch)
     queries, passages = seen
@@ -265,7 +267,8 @@ def test_dev_metric_matches_an_independent_reranking(tmp_path, shared):
     dev = tmp_path / "dev.jsonl"
     cfg = train_config(tmp_path, texts, train, "run", f"validation.task={dev}", "validation.max_queries=4")
     model = M3Model.load(tmp_path / "tiny-m3").eval()
-    got = dev_metric(model, cfg)
+    encoder = M3Encoder(str(tmp_path / "tiny-m3"), max_length=48, device="cpu", model=model)
+    got = Validator(cfg.validation)(encoder)
     rows = list(read_jsonl(dev))[:4]
     run, qrels = {}, {}
     for i, r in enumerate(rows):

@@ -1,9 +1,9 @@
-"""One interface for every model the project trains or evaluates (design.md, layer 3).
+"""One interface for every model the project trains or evaluates (docs/design.md, "Layers").
 
 Evaluation and mining only talk to `Encoder`: encode queries, encode documents; dense vectors always,
 sparse weights and ColBERT vectors when the model has those heads.
 """
-from care.encoders.base import Embeddings, Encoder, resolve_model_path
-from care.encoders.registry import build_encoder
+from care.encoders.base import Embeddings, Encoder
+from care.encoders.registry import build_encoder, detect
 
-__all__ = ["Embeddings", "Encoder", "build_encoder", "resolve_model_path"]
+__all__ = ["Embeddings", "Encoder", "build_encoder", "detect"]

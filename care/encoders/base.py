@@ -1,17 +1,26 @@
-"""The encoder interface and the pieces every implementation shares."""
+"""The encoder interface every model implements (docs/design.md, "Layers").
+
+`encode_queries` / `encode_documents` are written once, here: apply the side's prompt
+(care.encoders.prompts), check the heads, call the implementation's `encode`, and refuse NaN/inf
+embeddings naming the first bad text.  An implementation only says how to embed prompted texts.
+
+Identity is per side: `identity(side)` is everything that changes that side's vectors, and
+`side_fingerprint(side)` hashes it.  A symmetric encoder returns the same for both sides; an asymmetric
+one (a small query tower, a large document tower) keys its documents by the document tower alone, so the
+embedding cache keeps a corpus when only the query tower changes.
+"""
 from __future__ import annotations
 
 import hashlib
 import json
-import os
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
 
-HEADS = ("dense", "sparse", "colbert")
+from care.encoders.prompts import SIDES, Prompts
+from care.models import HEADS
 
 
 @dataclass
@@ -31,6 +40,25 @@ class Embeddings:
     def __len__(self) -> int:
         return len(self.dense)
 
+    def select(self, rows: Sequence[int]) -> Embeddings:
+        rows = list(rows)
+        return Embeddings(dense=self.dense[rows],
+                          sparse=[self.sparse[r] for r in rows] if self.sparse is not None else None,
+                          colbert=[self.colbert[r] for r in rows] if self.colbert is not None else None)
+
+
+def check_finite(emb: Embeddings, texts: Sequence[str], what: str) -> None:
+    """A NaN embedding must stop the run (and never reach a cache), naming the text that produced it."""
+    rows = [~np.isfinite(emb.dense).all(axis=1)]
+    if emb.sparse is not None:
+        rows.append(np.array([not np.isfinite(list(w.values())).all() for w in emb.sparse], dtype=bool))
+    if emb.colbert is not None:
+        rows.append(np.array([not np.isfinite(c).all() for c in emb.colbert], dtype=bool))
+    bad = np.flatnonzero(np.any(rows, axis=0)) if len(emb) else []
+    if len(bad):
+        i = int(bad[0])
+        raise FloatingPointError(f"{what}: NaN/inf for {len(bad)} of {len(texts)} texts, first #{i}: {texts[i][:60]!r}")
+
 
 class Encoder(ABC):
     """Encode queries and documents.  Symmetric models use one network for both; asymmetric ones
@@ -40,33 +68,49 @@ class Encoder(ABC):
     heads: tuple[str, ...] = ("dense",)
     #: a short human-readable name for tables ("me5_small", "bge-m3 (ft step 60)").
     name: str = "encoder"
+    #: the prefixes / instructions of each side
+    prompts: Prompts = Prompts()
 
     @abstractmethod
-    def encode_queries(
-        self, texts: Sequence[str], batch_size: int = 32, heads: Sequence[str] = ("dense",),
-        show_progress: bool = False,
-    ) -> Embeddings: ...
+    def encode(self, texts: list[str], side: str, batch_size: int, heads: Sequence[str],
+               show_progress: bool) -> Embeddings:
+        """Embeddings of already-prompted texts with the network of `side` ("query" or "document")."""
 
     @abstractmethod
-    def encode_documents(
-        self, texts: Sequence[str], batch_size: int = 32, heads: Sequence[str] = ("dense",),
-        show_progress: bool = False,
-    ) -> Embeddings: ...
-
-    @abstractmethod
-    def identity(self) -> dict:
-        """Everything that changes the vectors (weights hash, pooling, prefixes, max length).
-        `fingerprint` hashes it; embedding caches are keyed by it."""
-
-    @property
-    def fingerprint(self) -> str:
-        blob = json.dumps(self.identity(), sort_keys=True, ensure_ascii=False).encode()
-        return hashlib.sha256(blob).hexdigest()[:16]
+    def identity(self, side: str) -> dict:
+        """Everything that changes the vectors of one side (weights digest, pooling, prompt, max length)."""
 
     @property
     @abstractmethod
     def online_parameters(self) -> int:
         """Parameters that run at query time (the query tower of an asymmetric model)."""
+
+    def _encode_side(self, texts: Sequence[str], side: str, batch_size: int, heads: Sequence[str],
+                     show_progress: bool) -> Embeddings:
+        self.check_heads(heads)
+        texts = list(texts)
+        emb = self.encode(self.prompts.apply(texts, side), side, batch_size, tuple(heads), show_progress)
+        check_finite(emb, texts, f"{self.name} {side} embedding")
+        return emb
+
+    def encode_queries(self, texts: Sequence[str], batch_size: int = 32, heads: Sequence[str] = ("dense",),
+                       show_progress: bool = False) -> Embeddings:
+        return self._encode_side(texts, "query", batch_size, heads, show_progress)
+
+    def encode_documents(self, texts: Sequence[str], batch_size: int = 32, heads: Sequence[str] = ("dense",),
+                         show_progress: bool = False) -> Embeddings:
+        return self._encode_side(texts, "document", batch_size, heads, show_progress)
+
+    def side_fingerprint(self, side: str) -> str:
+        if side not in SIDES:
+            raise ValueError(f"side must be one of {SIDES}, got {side!r}")
+        return _digest(self.identity(side))
+
+    @property
+    def fingerprint(self) -> str:
+        """The whole encoder: its one identity when both sides agree (symmetric), else both sides'."""
+        q, d = self.identity("query"), self.identity("document")
+        return _digest(q if q == d else {"query": q, "document": d})
 
     def check_heads(self, heads: Sequence[str]) -> None:
         missing = [h for h in heads if h not in self.heads]
@@ -74,44 +118,9 @@ class Encoder(ABC):
             raise ValueError(f"{self.name} has no {missing} head(s); it has {list(self.heads)}")
 
 
-def resolve_model_path(name_or_path: str, build_hint: str = "") -> str:
-    """Accept a local folder or a hub id.  A local-looking path that is missing gets a message that says
-    what to do, instead of transformers' HFValidationError; a hub id with the hub offline likewise."""
-    path = Path(os.path.expanduser(str(name_or_path)))
-    looks_local = path.is_absolute() or str(name_or_path).startswith((".", "~")) or path.exists()
-    if path.exists():
-        if not (path / "config.json").exists():
-            raise FileNotFoundError(
-                f"{path} is not a Hugging Face model folder (no config.json). {build_hint}".strip())
-        return str(path)
-    if looks_local:
-        raise FileNotFoundError(f"model folder {path} does not exist. {build_hint}".strip())
-    if os.environ.get("HF_HUB_OFFLINE") == "1":
-        from huggingface_hub import try_to_load_from_cache
-
-        if try_to_load_from_cache(str(name_or_path), "config.json") is None:
-            raise FileNotFoundError(
-                f"model '{name_or_path}' is a hub id, the hub is offline (HF_HUB_OFFLINE=1) and it is not in "
-                f"the local hub cache. Download it where the hub is reachable and pass its folder as the "
-                f"model path. {build_hint}".strip())
-    return str(name_or_path)
+def _digest(identity: dict) -> str:
+    blob = json.dumps(identity, sort_keys=True, ensure_ascii=False).encode()
+    return hashlib.sha256(blob).hexdigest()[:16]
 
 
-def weights_digest(folder: str | Path) -> str:
-    """A cheap, stable digest of a model folder: names, sizes and the first/last MiB of each weight file."""
-    folder = Path(folder)
-    if not folder.is_dir():
-        return str(folder)
-    h = hashlib.sha256()
-    for f in sorted(folder.iterdir()):
-        if f.name in {"manifest.json", "README.md"}:  # build notes, not weights: rebuilding must not re-key caches
-            continue
-        if f.suffix in {".safetensors", ".bin", ".pt", ".json", ".txt", ".model"} and f.is_file():
-            size = f.stat().st_size
-            h.update(f.name.encode() + str(size).encode())
-            with f.open("rb") as fh:
-                h.update(fh.read(1 << 20))
-                if size > 2 << 20:
-                    fh.seek(-(1 << 20), 2)
-                    h.update(fh.read())
-    return h.hexdigest()[:16]
+__all__ = ["HEADS", "Embeddings", "Encoder", "check_finite"]

@@ -1,32 +1,49 @@
-"""Build an encoder from a `model=` config.  `kind` picks the implementation:
+"""Build an encoder from a `model=` config, and recognise checkpoint folders.  `kind` picks the class:
 
 dense  one backbone, pooled and normalised (multilingual-e5-small, bge-large-zh, tiny test models)
-m3     BGE-M3 style: one backbone, dense + sparse + ColBERT heads (care.models.m3)
+m3     BGE-M3 style: one backbone, dense + sparse + ColBERT heads (care.encoders.m3)
+
+`detect(folder, model_cfg)` says which model config builds a folder: a training run's final/ records its
+own, an M3 checkpoint has the head files, any other Hugging Face folder is built like `model_cfg`.
 """
 from __future__ import annotations
+
+import json
+from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
 from care.encoders.base import Encoder
+from care.models.m3 import HEAD_FILES
+
+TRAINING_RECORD = "care_training.json"  # written by the trainer beside every model it saves
 
 
-def build_encoder(cfg: DictConfig | dict, path: str | None = None, device: str | None = None) -> Encoder:
-    """`path` overrides cfg.path (evaluate.py's `ckpt=`)."""
+def build_encoder(cfg: DictConfig | dict, device: str | None = None) -> Encoder:
     c = OmegaConf.to_container(cfg, resolve=True) if isinstance(cfg, DictConfig) else dict(cfg)
     kind = c.get("kind", "dense")
-    path = str(path or c["path"])
-    hint = c.get("build_hint", "")
+    common = {"name": c.get("name", kind), "pooling": c.get("pooling", "cls"),
+                  "query_prefix": c.get("query_prefix", ""), "doc_prefix": c.get("doc_prefix", ""),
+                  "max_length": c.get("max_length", 512), "device": device, "build_hint": c.get("build_hint", "")}
     if kind == "dense":
         from care.encoders.dense import HFDenseEncoder
 
-        return HFDenseEncoder(
-            path, name=c.get("name", "dense"), pooling=c.get("pooling", "cls"),
-            query_prefix=c.get("query_prefix", ""), doc_prefix=c.get("doc_prefix", ""),
-            max_length=c.get("max_length", 512), normalize=c.get("normalize", True),
-            truncate_dim=c.get("truncate_dim"), device=device, padding_side=c.get("padding_side", "right"),
-            build_hint=hint)
+        return HFDenseEncoder(str(c["path"]), normalize=c.get("normalize", True), truncate_dim=c.get("truncate_dim"),
+                              padding_side=c.get("padding_side", "right"), **common)
     if kind == "m3":
-        from care.models.m3 import M3Encoder
+        from care.encoders.m3 import M3Encoder
 
-        return M3Encoder.from_config(c, path=path, device=device)
+        return M3Encoder(str(c["path"]), **common)
     raise ValueError(f"unknown model kind '{kind}' in model config (choose dense or m3)")
+
+
+def detect(folder: str | Path, model_cfg: dict) -> dict | None:
+    """The model config that builds `folder`, or None when it is no model folder."""
+    folder = Path(folder)
+    if (folder / TRAINING_RECORD).is_file():
+        return {**json.loads((folder / TRAINING_RECORD).read_text(encoding="utf-8"))["model"], "path": str(folder)}
+    if all((folder / f).is_file() for f in HEAD_FILES):
+        return {**model_cfg, "kind": "m3", "path": str(folder)}
+    if (folder / "config.json").is_file():
+        return {**model_cfg, "path": str(folder)}
+    return None

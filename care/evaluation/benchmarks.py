@@ -27,9 +27,10 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
-from care.evaluation.tasks import RUNNERS, TYPES
+from care.data.io import write_jsonl
+from care.data.tasks import TYPES
+from care.evaluation.tasks import RUNNERS
 from care.paths import cache_dir
-from data_pipeline.io import write_jsonl
 
 
 @dataclass

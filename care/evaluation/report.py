@@ -6,8 +6,8 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+from care.data.io import atomic_open, save_figure, write_json
 from care.evaluation.benchmarks import Benchmark
-from data_pipeline.io import atomic_open, write_json
 
 METRIC_LABELS = {"ndcg_cut": "nDCG@{}", "map_cut": "MAP@{}", "map_min_r": "MAP(min R)@{}", "mrr": "MRR@{}",
                  "success": "Hit@{}", "recall": "Recall@{}", "acc": "Acc@{}"}
@@ -135,9 +135,7 @@ def plot(path: Path, benchmarks: list[Benchmark], rows: list[dict]) -> Path:
     ax.set_title("Models per slot" + (f" ({', '.join(stand_in)}: open stand-in)" if stand_in else ""))
     ax.legend(fontsize=8)
     fig.tight_layout()
-    with atomic_open(path, "wb") as fh:
-        fig.savefig(fh, format="png", dpi=120)
-    plt.close(fig)
+    save_figure(fig, path, dpi=120)
     return path
 
 

@@ -16,8 +16,8 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 
+from care.data.io import DataError, text_lines
 from care.evaluation.metrics import DEFAULT_METRICS, average, evaluate_per_query, parse_metric
-from data_pipeline.io import DataError, text_lines
 
 
 def _rows(path: str | Path, columns: int, layout: str) -> Iterator[tuple[int, list[str]]]:

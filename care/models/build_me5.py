@@ -40,8 +40,8 @@ import numpy as np
 from filelock import FileLock
 from tqdm.auto import tqdm
 
+from care.data.io import DataError, file_digest, write_json
 from care.paths import cache_dir, shared_data
-from data_pipeline.io import DataError, file_digest, write_json
 
 LABEL = "multilingual-e5-small (Q4-dequantised)"
 #: bump when the output of this builder changes for the same sources (invalidates built folders)

@@ -22,23 +22,19 @@ freshly initialised heads (the starting point for training from a plain encoder)
 from __future__ import annotations
 
 import argparse
-import os
-import shutil
-import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
-import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
-from transformers import AutoModel, AutoTokenizer
+from transformers import AutoTokenizer
 
-from care.encoders.base import Embeddings, Encoder, resolve_model_path, weights_digest
-from care.encoders.dense import batched_forward, pick_device
-from care.encoders.pooling import pool
+from care.data.io import atomic_folder
+from care.models import HEADS
+from care.models.hub import load_encoder_model, local_folder
+from care.models.pooling import pool
 
-HEADS = ("dense", "sparse", "colbert")
 HEAD_FILES = ("colbert_linear.pt", "sparse_linear.pt")
 # Passage blocks for the ColBERT score: the query-token x passage-token similarity tensor of one block
 # (queries x q_len x block x p_len) is freed before the next block, so memory stays bounded for any pool.
@@ -121,38 +117,24 @@ class M3Model(nn.Module):
     def save(self, out_dir: str | Path) -> Path:
         """Write the whole folder beside `out_dir`, then swap it in, so a crash never leaves half a
         checkpoint (the folder is replaced as a whole: give each checkpoint its own folder)."""
-        out = Path(out_dir)
-        out.parent.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
-        tmp.chmod(0o755)  # mkdtemp makes it private; a checkpoint is meant to be shared
-        try:
+        with atomic_folder(out_dir) as tmp:
             self.backbone.save_pretrained(tmp)
             for name, head in zip(HEAD_FILES, (self.colbert_linear, self.sparse_linear)):
                 torch.save({k: v.detach().clone().cpu() for k, v in head.state_dict().items()}, tmp / name)
             self.tokenizer.save_pretrained(tmp)
-            if out.exists():
-                old = out.with_name(f".{out.name}.old-{os.getpid()}")
-                os.replace(out, old)
-                os.replace(tmp, out)
-                shutil.rmtree(old)
-            else:
-                os.replace(tmp, out)
-        except BaseException:
-            shutil.rmtree(tmp, ignore_errors=True)
-            raise
-        return out
+        return Path(out_dir)
 
     @classmethod
     def load(cls, name_or_path: str | Path, pooling: str = "cls", dtype: torch.dtype | None = None,
              build_hint: str = "") -> M3Model:
-        folder = _local_folder(name_or_path, build_hint)
+        folder = local_folder(name_or_path, build_hint)
         missing = [f for f in HEAD_FILES if not (folder / f).exists()]
         if missing:
             raise FileNotFoundError(
                 f"{folder} is not an M3 checkpoint: {', '.join(missing)} missing. FlagEmbedding would silently "
                 f"use randomly initialised heads here; we refuse. To start training from a plain encoder, "
                 f"write fresh heads first: python -m care.models.m3 init OUT --backbone {folder}")
-        backbone = _load_backbone(folder, dtype)
+        backbone = load_encoder_model(folder, dtype)
         heads = [torch.load(folder / f, map_location="cpu", weights_only=True) for f in HEAD_FILES]
         colbert = nn.Linear(heads[0]["weight"].shape[1], heads[0]["weight"].shape[0], dtype=backbone.dtype)
         sparse = nn.Linear(heads[1]["weight"].shape[1], 1, dtype=backbone.dtype)
@@ -163,36 +145,18 @@ class M3Model(nn.Module):
 
     @classmethod
     def from_backbone(cls, name_or_path: str | Path, pooling: str = "cls", colbert_dim: int = -1,
-                      seed: int = 0) -> M3Model:
+                      seed: int = 0, dtype: torch.dtype | None = None) -> M3Model:
         """Any HF encoder with fresh (seeded) heads: the starting point for M3 training."""
-        folder = _local_folder(name_or_path)
-        backbone = _load_backbone(folder)
+        folder = local_folder(name_or_path)
+        backbone = load_encoder_model(folder, dtype)
         torch.manual_seed(seed)
         return cls(backbone, AutoTokenizer.from_pretrained(folder), pooling, colbert_dim)
-
-
-def _load_backbone(folder: Path, dtype: torch.dtype | None = None) -> nn.Module:
-    try:  # BERT/XLM-R: skip the pooler M3 never uses (and whose absence in our checkpoints would warn)
-        return AutoModel.from_pretrained(folder, dtype=dtype, add_pooling_layer=False)
-    except TypeError:  # backbones without a pooler do not take the argument
-        return AutoModel.from_pretrained(folder, dtype=dtype)
 
 
 def load_backbone(name_or_path: str | Path, build_hint: str = "") -> nn.Module:
     """The plain encoder of a Hugging Face folder, an M3 checkpoint or a hub id, without heads: what a
     merge with the start needs (care.training.merge)."""
-    return _load_backbone(_local_folder(name_or_path, build_hint))
-
-
-def _local_folder(name_or_path: str | Path, build_hint: str = "") -> Path:
-    """A local folder as is; a hub id (BAAI/bge-m3) through the hub cache, which also holds the head files."""
-    resolved = resolve_model_path(str(name_or_path), build_hint)
-    if Path(resolved).is_dir():
-        return Path(resolved)
-    from huggingface_hub import snapshot_download
-
-    return Path(snapshot_download(resolved, ignore_patterns=["onnx/*", "*.onnx", "flax_model.msgpack",
-                                                             "rust_model.ot", "tf_model.h5", "imgs/*"]))
+    return load_encoder_model(local_folder(name_or_path, build_hint))
 
 
 def tiny_m3(hidden: int = 64, layers: int = 2, heads: int = 2, seed: int = 0, dropout: float = 0.1,
@@ -240,93 +204,6 @@ def colbert_scores(q: dict, p: dict) -> torch.Tensor:
 
 
 HEAD_SCORES = {"dense": dense_scores, "sparse": sparse_scores, "colbert": colbert_scores}
-
-
-# ---- scores of inference embeddings (numpy), FlagEmbedding's definitions -----------------------------
-def lexical_score(a: dict[int, float], b: dict[int, float]) -> float:
-    return float(sum(w * b[t] for t, w in a.items() if t in b))
-
-
-def colbert_score(q: np.ndarray, p: np.ndarray) -> float:
-    return float((q @ p.T).max(axis=1).mean()) if len(q) else 0.0
-
-
-def score_matrix(queries: Embeddings, docs: Embeddings, head: str) -> np.ndarray:
-    """[n_queries, n_docs] scores of one head from `M3Encoder` embeddings."""
-    if head == "dense":
-        return queries.dense @ docs.dense.T
-    if head == "sparse":
-        return np.array([[lexical_score(a, b) for b in docs.sparse] for a in queries.sparse], dtype=np.float64)
-    if head == "colbert":
-        return np.array([[colbert_score(a, b) for b in docs.colbert] for a in queries.colbert], dtype=np.float64)
-    raise ValueError(f"unknown head '{head}' (choose dense, sparse or colbert)")
-
-
-# ---- the evaluation/mining interface ------------------------------------------------------------------
-class M3Encoder(Encoder):
-    heads = HEADS
-
-    def __init__(self, path: str, name: str = "m3", pooling: str = "cls", query_prefix: str = "",
-                 doc_prefix: str = "", max_length: int = 512, device: str | None = None,
-                 model: M3Model | None = None, build_hint: str = ""):
-        self.path, self.name, self.pooling = str(path), name, pooling
-        self.query_prefix, self.doc_prefix, self.max_length = query_prefix, doc_prefix, max_length
-        self.device = pick_device(device)
-        model = model if model is not None else M3Model.load(path, pooling, build_hint=build_hint)
-        self.model = model.to(self.device).eval()
-        self.tokenizer = model.tokenizer
-
-    @classmethod
-    def from_config(cls, c: dict, path: str | None = None, device: str | None = None) -> M3Encoder:
-        return cls(str(path or c["path"]), name=c.get("name", "m3"), pooling=c.get("pooling", "cls"),
-                   query_prefix=c.get("query_prefix", ""), doc_prefix=c.get("doc_prefix", ""),
-                   max_length=c.get("max_length", 512), device=device, build_hint=c.get("build_hint", ""))
-
-    def identity(self) -> dict:
-        return {"class": type(self).__name__, "weights": weights_digest(self.path), "path": self.path,
-                "pooling": self.pooling, "qp": self.query_prefix, "dp": self.doc_prefix,
-                "max_length": self.max_length}
-
-    @property
-    def online_parameters(self) -> int:
-        return sum(p.numel() for p in self.model.parameters())
-
-    def _step(self, texts: list[str], heads: Sequence[str]) -> list[tuple]:
-        batch = self.tokenizer(texts, padding=True, truncation=True, max_length=self.max_length,
-                               return_tensors="pt").to(self.device)
-        out = {k: v.float().cpu().numpy() if v.is_floating_point() else v.cpu().numpy()
-               for k, v in self.model(**batch).items()}
-        rows = []
-        for i in range(len(texts)):
-            sparse = colbert = None
-            if "sparse" in heads:
-                sparse = {}
-                for t, w in zip(out["sparse_ids"][i].tolist(), out["sparse"][i].tolist()):
-                    if w > sparse.get(t, 0.0):  # positive weights only, max over repeats
-                        sparse[t] = w
-            if "colbert" in heads:
-                colbert = out["colbert"][i][out["colbert_mask"][i].astype(bool)]
-            rows.append((out["dense"][i], sparse, colbert))
-        return rows
-
-    @torch.inference_mode()
-    def _encode(self, texts, prefix, batch_size, heads, show_progress, desc) -> Embeddings:
-        self.check_heads(heads)
-        rows = batched_forward([prefix + t for t in texts], batch_size, show_progress, desc,
-                               lambda b: self._step(b, heads))
-        dim = self.model.config.hidden_size
-        dense = np.stack([r[0] for r in rows]).astype(np.float32) if rows else np.zeros((0, dim), np.float32)
-        if not np.isfinite(dense).all():
-            raise FloatingPointError(f"{self.name} produced NaN/inf embeddings ({desc})")
-        return Embeddings(dense=dense,
-                          sparse=[r[1] for r in rows] if "sparse" in heads else None,
-                          colbert=[r[2].astype(np.float32) for r in rows] if "colbert" in heads else None)
-
-    def encode_queries(self, texts, batch_size=32, heads=("dense",), show_progress=False) -> Embeddings:
-        return self._encode(texts, self.query_prefix, batch_size, heads, show_progress, f"{self.name} queries")
-
-    def encode_documents(self, texts, batch_size=32, heads=("dense",), show_progress=False) -> Embeddings:
-        return self._encode(texts, self.doc_prefix, batch_size, heads, show_progress, f"{self.name} documents")
 
 
 def main() -> None:

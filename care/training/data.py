@@ -26,7 +26,7 @@ from pathlib import Path
 import numpy as np
 from torch.utils.data import Dataset, Sampler
 
-from data_pipeline.io import DataError, read_jsonl, read_text_store
+from care.data.io import DataError, read_jsonl, read_text_store
 
 
 def _line_numbers(path: Path) -> list[int]:

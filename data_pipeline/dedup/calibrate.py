@@ -36,7 +36,8 @@ from omegaconf import DictConfig, OmegaConf
 from tqdm.auto import tqdm
 
 import care  # noqa: F401  (registers the ${paths:...} resolver)
-from data_pipeline.io import DataError, atomic_open, read_jsonl, write_json, write_jsonl
+from care.config import CONF_DIR
+from care.data.io import DataError, atomic_open, read_jsonl, write_json, write_jsonl
 
 
 def interval_of(cosines, edges: Sequence[float]) -> np.ndarray:
@@ -102,10 +103,10 @@ def export_pairs(ids: list[str], texts: list[str], vectors: np.ndarray, edges, p
                  neighbours: int, seed: int) -> list[dict]:
     """Each text's `neighbours` nearest neighbours (FAISS top-k, never N x N), unique pairs binned by
     cosine, up to `per_interval` sampled from each interval, label left empty (null)."""
-    from data_pipeline.dedup.semantic import flat_index, unit_rows
+    from care.retrieval.index import flat_index, unit_rows
 
     x = unit_rows(vectors)
-    index, _ = flat_index(x)
+    index = flat_index(x)
     D, I = index.search(x, min(neighbours + 1, len(x)))
     q = np.repeat(np.arange(len(x)), I.shape[1])
     i, d = I.ravel(), D.ravel()
@@ -177,8 +178,8 @@ def judge_label(text1: str, text2: str, judge: DictConfig) -> int:
 def labelled_pairs(cfg: DictConfig) -> tuple[list[tuple[str, str]], list[int], list[str]]:
     """(text1, text2) pairs, 1 for a paraphrase, and the source of each, read through the import
     stage's source readers (conf/data: the readers know each file's quirks)."""
-    from data_pipeline.records import Pair, Text
-    from data_pipeline.sources import read_source
+    from care.data.records import Pair, Text
+    from care.data.sources import read_source
 
     texts, labels, names = [], [], []
     for name, want in cfg.dedup.calibrate.pair_sources.items():
@@ -238,10 +239,12 @@ def encoder_info(cfg: DictConfig, encoder) -> dict:
 
 def encode(cfg: DictConfig, encoder, texts: list[str]) -> np.ndarray:
     """Vectors of `dedup.calibrate.side`, L2-normalised, through the project's embedding cache."""
-    from data_pipeline.dedup.semantic import embed, unit_rows
+    from care.encoders.cache import EmbeddingCache, embed
+    from care.retrieval.index import unit_rows
 
     s = cfg.dedup.semantic
-    return unit_rows(embed(encoder, texts, cfg.dedup.calibrate.side, s.batch_size, s.cache)[0])
+    cache = EmbeddingCache(s.cache) if s.cache else None
+    return unit_rows(embed(encoder, texts, cfg.dedup.calibrate.side, cache, s.batch_size).dense)
 
 
 def default_store(cfg: DictConfig) -> Path:
@@ -266,7 +269,7 @@ def run(cfg: DictConfig) -> dict:
     if mode == "pairs":
         result = calibrate_pairs(cfg, encoder)
     elif mode == "export":
-        from data_pipeline.io import read_text_store
+        from care.data.io import read_text_store
 
         store = read_text_store(default_store(cfg))
         ids, texts = list(store), list(store.values())
@@ -301,7 +304,7 @@ def run(cfg: DictConfig) -> dict:
     return result
 
 
-@hydra.main(config_path="../../conf", config_name="data_pipeline", version_base="1.3")
+@hydra.main(config_path=str(CONF_DIR), config_name="data_pipeline", version_base="1.3")
 def main(cfg: DictConfig) -> None:
     run(cfg)
 

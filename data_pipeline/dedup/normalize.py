@@ -41,5 +41,5 @@ class Normalizer:
         return text
 
 
-def md5_key(normalised: str) -> str:
+def normalised_md5(normalised: str) -> str:
     return hashlib.md5(normalised.encode("utf-8")).hexdigest()

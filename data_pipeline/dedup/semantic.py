@@ -10,49 +10,15 @@ twice the k for rows whose k-th neighbour is still above the threshold.  Both gi
 """
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path
 
-import faiss
 import numpy as np
 from tqdm.auto import tqdm
 
-from care.encoders import Encoder
-from care.evaluation.cache import EmbeddingCache
+from care.retrieval.index import flat_index, unit_rows, uses_gpu
 
 # GPU FAISS's flat index answers at most this many neighbours per query.
 GPU_MAX_K = 2048
-
-
-def embed(encoder: Encoder, texts: Sequence[str], side: str = "doc", batch_size: int = 32,
-          cache_root: str | Path | None = None) -> tuple[np.ndarray, int, int]:
-    """Dense vectors of `texts` (documents or queries), through the project's on-disk embedding cache
-    (care.evaluation.cache: keyed by encoder fingerprint, side and text hash, shared with mining and
-    evaluation) unless cache_root is None.  Returns (vectors, texts found in the cache, texts encoded)."""
-    encode = encoder.encode_documents if side == "doc" else encoder.encode_queries
-    run = (lambda batch: encode(batch, batch_size=batch_size, show_progress=True))
-    if cache_root is None:
-        return run(list(texts)).dense, 0, len(texts)
-    cache = EmbeddingCache(cache_root)
-    vectors = cache.get(encoder.fingerprint, side, ("dense",), texts, run).dense
-    return vectors, cache.hits, cache.misses
-
-
-def unit_rows(vectors: np.ndarray) -> np.ndarray:
-    x = np.ascontiguousarray(vectors, dtype=np.float32).copy()
-    faiss.normalize_L2(x)
-    return x
-
-
-def flat_index(x: np.ndarray, use_gpu: bool | None = None):
-    """A flat inner-product index, moved to every GPU when FAISS has GPUs (and use_gpu is not False)."""
-    index = faiss.IndexFlatIP(x.shape[1])
-    index.add(x)
-    gpus = faiss.get_num_gpus() if hasattr(faiss, "get_num_gpus") else 0
-    if gpus and use_gpu is not False:
-        index = faiss.index_cpu_to_all_gpus(index)
-    return index, bool(gpus and use_gpu is not False)
 
 
 @dataclass
@@ -88,7 +54,7 @@ def cosine_pairs(vectors: np.ndarray, threshold: float, search: str = "auto", to
     """Every pair (i < j) with cosine >= threshold, without an N x N matrix."""
     x = unit_rows(vectors)
     n = len(x)
-    index, on_gpu = flat_index(x, use_gpu)
+    index, on_gpu = flat_index(x, use_gpu), uses_gpu(use_gpu)
     method = ("topk" if on_gpu else "range") if search == "auto" else search
     if method == "range" and on_gpu:
         raise ValueError("GPU FAISS has no range_search: use dedup.semantic.search=topk or auto")
@@ -119,7 +85,7 @@ def nearest_neighbour_cosine(vectors: np.ndarray, block: int = 4096, use_gpu: bo
     n = len(x)
     if n < 2:
         return np.zeros(0, np.float32)
-    index, _ = flat_index(x, use_gpu)
+    index = flat_index(x, use_gpu)
     out = np.empty(n, np.float32)
     for s in tqdm(range(0, n, block), desc="semantic: nearest neighbours", disable=not show_progress, unit="block"):
         D, I = index.search(x[s:s + block], 2)

@@ -18,13 +18,13 @@ from pathlib import Path
 import numpy as np
 from omegaconf import DictConfig, OmegaConf
 
-from care.encoders.base import weights_digest
-from data_pipeline import stage_cache
+from care.data import stage_cache
+from care.data.io import DataError, file_digest, read_jsonl, save_figure, write_json, write_jsonl
+from care.models.hub import weights_digest
 from data_pipeline.dedup.clusters import Cluster, clusters_from_edges, survivors
 from data_pipeline.dedup.exact import exact_clusters
 from data_pipeline.dedup.minhash import jaccard, minhash_pairs, s_curve, shingles
 from data_pipeline.dedup.normalize import Normalizer
-from data_pipeline.io import DataError, atomic_open, file_digest, read_jsonl, write_json, write_jsonl
 
 STAGES = ("exact", "minhash", "semantic")
 
@@ -122,9 +122,7 @@ def plot_nn_histogram(path: Path, nn: np.ndarray, threshold: float, title: str) 
     ax.set(xlabel="cosine to nearest neighbour", ylabel="texts", title=title)
     ax.legend()
     fig.tight_layout()
-    with atomic_open(path, "wb") as fh:
-        fig.savefig(fh, format="png", dpi=110)
-    plt.close(fig)
+    save_figure(fig, path, dpi=110)
 
 
 def print_table(stats: dict) -> None:
@@ -212,7 +210,8 @@ def _minhash(m: DictConfig, norm: list[str]):
 def _semantic(cfg: DictConfig, texts: list[str], thresholds: dict, out: Path):
     """Encode (through the cache), search, cluster; returns record()'s arguments after t0."""
     from care.encoders import build_encoder
-    from data_pipeline.dedup.semantic import cosine_pairs, embed, nearest_neighbour_cosine
+    from care.encoders.cache import EmbeddingCache, embed
+    from data_pipeline.dedup.semantic import cosine_pairs, nearest_neighbour_cosine
 
     s = cfg.dedup.semantic
     encoder = build_encoder(cfg.model)
@@ -223,7 +222,9 @@ def _semantic(cfg: DictConfig, texts: list[str], thresholds: dict, out: Path):
     if len(texts) < 2:
         return [], (lambda a, b: 1.0), {**extra, "note": "fewer than two texts: nothing to compare"}
     t_enc = time.perf_counter()
-    vectors, extra["cache_hits"], extra["encoded"] = embed(encoder, texts, "doc", s.batch_size, s.cache)
+    cache = EmbeddingCache(s.cache) if s.cache else None
+    vectors = embed(encoder, texts, "document", cache, s.batch_size).dense
+    extra["cache_hits"], extra["encoded"] = (cache.hits, cache.misses) if cache else (0, len(texts))
     extra["encode_seconds"] = round(time.perf_counter() - t_enc, 3)
     if extra["encoded"]:
         extra["encode_texts_per_s"] = round(extra["encoded"] / max(extra["encode_seconds"], 1e-9), 1)
@@ -238,3 +239,9 @@ def _semantic(cfg: DictConfig, texts: list[str], thresholds: dict, out: Path):
                  nn_at_or_above_cut=int((nn >= cut).sum()))
     clusters = clusters_from_edges(len(texts), found.rows, found.cols, found.sims)
     return clusters, (lambda a, b: float(unit[a] @ unit[b])), extra
+
+
+def summary(stats: dict) -> str:
+    per = " -> ".join(f"{s}: {v.get('out', '?'):,}" for s, v in stats.get("stages", {}).items()
+                      if isinstance(v, dict) and isinstance(v.get("out"), int))
+    return f"{stats.get('texts_in', 0):,} -> {stats.get('texts_out', 0):,} texts ({per})"

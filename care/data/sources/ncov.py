@@ -10,9 +10,9 @@ from __future__ import annotations
 from collections.abc import Iterator
 from pathlib import Path
 
-from data_pipeline.io import DataError
-from data_pipeline.records import Pair, Text
-from data_pipeline.sources.common import Report, clean_text, delimited_rows, parse_label
+from care.data.io import DataError
+from care.data.records import Pair, Text
+from care.data.sources.common import Report, clean_text, delimited_rows, parse_label
 
 
 def _split_prefix(cell: str, path: Path, line: int, field: str) -> tuple[str, str]:

@@ -60,7 +60,7 @@ class BM25Scorer:
         blob = json.dumps({"bm25s": bm25s.__version__, "jieba": jieba.__version__, "k1": self.k1, "b": self.b})
         return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
-    def prepare(self, queries: Sequence[str], docs: Sequence[str], doc_side: str = "doc",
+    def prepare(self, queries: Sequence[str], docs: Sequence[str], doc_side: str = "document",
                 cosine: bool = False) -> BM25Prepared:
         return BM25Prepared(queries, docs, self.k1, self.b)
 

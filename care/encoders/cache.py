@@ -1,6 +1,6 @@
 """An on-disk embedding cache, so re-runs and corpora shared between tasks are not encoded twice.
 
-Layout: `<root>/<encoder fingerprint>/<side>-<heads>/<hash of a text list>.npz`.  Each chunk holds the
+Layout: `<root>/<side fingerprint>/<side>-<heads>/<hash of a text list>.npz` (Encoder.side_fingerprint).  Each chunk holds the
 embeddings of one list of unique texts plus the SHA-256 of every text in it.  A request whose text list
 was cached as a whole is one file read; otherwise the cache looks every text up across the chunks of
 that encoder and side, encodes only the missing ones and stores them as a new chunk (so a task whose
@@ -20,12 +20,13 @@ from pathlib import Path
 
 import numpy as np
 
-from care.encoders import Embeddings
+from care.data.io import atomic_open
+from care.encoders.base import Embeddings, Encoder
 from care.paths import cache_dir
-from data_pipeline.io import atomic_open
 
 log = logging.getLogger(__name__)
-SIDES = ("query", "doc")
+# On-disk folder name of each side ("doc", not "document": the name existing caches were written under).
+SIDE_DIRS = {"query": "query", "document": "doc"}
 
 
 def default_root() -> Path:
@@ -78,13 +79,6 @@ def _concat(parts: list[Embeddings]) -> Embeddings:
     return Embeddings(dense=dense, sparse=sparse, colbert=colbert)
 
 
-def _select(emb: Embeddings, rows: Sequence[int]) -> Embeddings:
-    rows = list(rows)
-    return Embeddings(dense=emb.dense[rows],
-                      sparse=[emb.sparse[r] for r in rows] if emb.sparse is not None else None,
-                      colbert=[emb.colbert[r] for r in rows] if emb.colbert is not None else None)
-
-
 class EmbeddingCache:
     """`cache.get(fingerprint, side, heads, texts, encode)` returns embeddings for `texts` in order,
     calling `encode(missing_texts)` only for texts this encoder has never embedded on that side."""
@@ -95,9 +89,9 @@ class EmbeddingCache:
         self.hits = self.misses = 0  # texts served from disk / encoded, for reports and benches
 
     def _dir(self, fingerprint: str, side: str, heads: Sequence[str]) -> Path:
-        if side not in SIDES:
-            raise ValueError(f"side must be one of {SIDES}, got {side!r}")
-        return self.root / fingerprint / f"{side}-{'+'.join(heads)}"
+        if side not in SIDE_DIRS:
+            raise ValueError(f"side must be one of {tuple(SIDE_DIRS)}, got {side!r}")
+        return self.root / fingerprint / f"{SIDE_DIRS[side]}-{'+'.join(heads)}"
 
     @staticmethod
     def _read(path: Path, names: Sequence[str] | None = None) -> dict | None:
@@ -166,4 +160,19 @@ class EmbeddingCache:
         merged = _concat(parts)
         # merged row j holds unique text order[j]; request row i wants unique text position[keys[i]].
         where_in_merged = {unique[p]: j for j, p in enumerate(order)}
-        return _select(merged, [where_in_merged[k] for k in keys])
+        return merged.select([where_in_merged[k] for k in keys])
+
+
+def embed(encoder: Encoder, texts: Sequence[str], side: str, cache: EmbeddingCache | None = None,
+          batch_size: int = 32, heads: Sequence[str] = ("dense",), show_progress: bool = True) -> Embeddings:
+    """`texts` embedded by `encoder` on `side` ("query" or "document"), through `cache` when given: the one
+    way evaluation, mining and dedup encode.  The cache is keyed by that side's fingerprint only, so a
+    document cache survives a new query tower."""
+    encode_side = encoder.encode_queries if side == "query" else encoder.encode_documents
+
+    def encode(todo: list[str]) -> Embeddings:
+        return encode_side(todo, batch_size=batch_size, heads=tuple(heads), show_progress=show_progress)
+
+    if cache is None:
+        return encode(list(texts))
+    return cache.get(encoder.side_fingerprint(side), side, tuple(heads), list(texts), encode)

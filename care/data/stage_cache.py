@@ -7,7 +7,7 @@ import json
 from collections.abc import Iterable
 from pathlib import Path
 
-from data_pipeline.io import file_digest
+from care.data.io import file_digest
 
 
 def fingerprint(inputs: Iterable[str | Path], config: dict) -> str:

@@ -11,9 +11,9 @@ from __future__ import annotations
 from collections.abc import Iterator
 from pathlib import Path
 
-from data_pipeline.io import DataError
-from data_pipeline.records import Pair, QueryCandidates, Text, md5_key
-from data_pipeline.sources.common import Report, clean_text, field_of, jsonl_rows, parse_label, require_file
+from care.data.io import DataError
+from care.data.records import Pair, QueryCandidates, Text, md5_key
+from care.data.sources.common import Report, clean_text, field_of, jsonl_rows, parse_label, require_file
 
 
 def read_reranking(opts: dict, root: Path, report: Report) -> Iterator[Text | QueryCandidates]:

@@ -6,6 +6,7 @@ import contextlib
 import hashlib
 import json
 import os
+import shutil
 import tempfile
 from collections.abc import Iterable, Iterator
 from pathlib import Path
@@ -38,6 +39,38 @@ def atomic_open(path: str | Path, mode: str = "w", encoding: str | None = "utf-8
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
         raise
+
+
+@contextlib.contextmanager
+def atomic_folder(path: str | Path):
+    """Build a folder beside `path` (the block writes into the yielded temporary folder), then swap it in
+    whole, so a crash never leaves half a model or checkpoint.  An existing `path` is replaced."""
+    out = Path(path)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    tmp.chmod(0o755)  # mkdtemp makes it private; a model folder is meant to be shared
+    try:
+        yield tmp
+        if out.exists():
+            old = out.with_name(f".{out.name}.old-{os.getpid()}")
+            os.replace(out, old)
+            os.replace(tmp, out)
+            shutil.rmtree(old)
+        else:
+            os.replace(tmp, out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
+def save_figure(fig, path: str | Path, dpi: int = 110) -> Path:
+    """A matplotlib figure as a PNG, written atomically; the figure is closed."""
+    import matplotlib.pyplot as plt
+
+    with atomic_open(path, "wb") as fh:
+        fig.savefig(fh, format="png", dpi=dpi)
+    plt.close(fig)
+    return Path(path)
 
 
 def write_jsonl(path: str | Path, rows: Iterable[dict]) -> int:

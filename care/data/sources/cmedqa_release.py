@@ -15,9 +15,9 @@ from __future__ import annotations
 from collections.abc import Iterator
 from pathlib import Path
 
-from data_pipeline.io import DataError
-from data_pipeline.records import QueryCandidates, Text, text_id
-from data_pipeline.sources.common import Report, clean_text, delimited_rows, parse_label
+from care.data.io import DataError
+from care.data.records import QueryCandidates, Text, text_id
+from care.data.sources.common import Report, clean_text, delimited_rows, parse_label
 
 JUDGED = ["question_id", "ans_id", "cnt", "label"]
 PAIRED = ["question_id", "pos_ans_id", "neg_ans_id"]

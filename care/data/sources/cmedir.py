@@ -13,9 +13,9 @@ from collections import Counter, defaultdict
 from collections.abc import Iterator
 from pathlib import Path
 
-from data_pipeline.io import DataError
-from data_pipeline.records import QueryCandidates, Text, md5_key
-from data_pipeline.sources.common import Report, clean_text, field_of, jsonl_rows, parse_label
+from care.data.io import DataError
+from care.data.records import QueryCandidates, Text, md5_key
+from care.data.sources.common import Report, clean_text, field_of, jsonl_rows, parse_label
 
 
 def read(opts: dict, root: Path, report: Report) -> Iterator[Text | QueryCandidates]:

@@ -15,9 +15,9 @@ from __future__ import annotations
 from collections.abc import Iterator
 from pathlib import Path
 
-from data_pipeline.io import DataError
-from data_pipeline.records import Pair, Text
-from data_pipeline.sources.common import Report, clean_text, field_of, json_array_rows, parse_label
+from care.data.io import DataError
+from care.data.records import Pair, Text
+from care.data.sources.common import Report, clean_text, field_of, json_array_rows, parse_label
 
 
 def read(opts: dict, root: Path, report: Report) -> Iterator[Text | Pair]:

@@ -16,8 +16,8 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from data_pipeline.io import DataError
-from data_pipeline.records import Label
+from care.data.io import DataError
+from care.data.records import Label
 
 ON_ERROR = ("stop", "skip")
 
@@ -234,7 +234,7 @@ def json_array_rows(path: Path) -> Iterator[tuple[int, dict]]:
 
 
 def jsonl_rows(path: Path, report: Report) -> Iterator[tuple[int, dict]]:
-    """(line number, object) per non-blank line.  Unlike data_pipeline.io.read_jsonl, a bad line goes
+    """(line number, object) per non-blank line.  Unlike care.data.io.read_jsonl, a bad line goes
     through the report, so on_error=skip can continue past it."""
     for lineno, text, valid in decoded_lines(path):
         if not text.strip():

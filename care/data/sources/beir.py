@@ -12,9 +12,9 @@ from __future__ import annotations
 from collections.abc import Iterator
 from pathlib import Path
 
-from data_pipeline.io import DataError
-from data_pipeline.records import QueryCandidates, Text
-from data_pipeline.sources.common import (
+from care.data.io import DataError
+from care.data.records import QueryCandidates, Text
+from care.data.sources.common import (
     Report,
     clean_text,
     delimited_rows,

@@ -1,5 +1,5 @@
 """Source readers: one small module per real format, each knowing its own quirks, all yielding the record
-types of data_pipeline.records.  A source is configured by a dict (conf/data/*.yaml, `sources.<name>`):
+types of care.data.records.  A source is configured by a dict (conf/data/*.yaml, `sources.<name>`):
 `reader` (a key of READERS), `path` (a file or folder under data.root) and the reader's own options.
 
 Every reader is `read(opts, root, report) -> Iterator[Text | Pair | QueryCandidates]`; `report` counts
@@ -9,9 +9,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from data_pipeline.records import Pair, QueryCandidates, Text
-from data_pipeline.sources import beir, cblue, chineseblue, chip2019, cmedir, cmedqa_release, cmteb, ncov
-from data_pipeline.sources.common import Report
+from care.data.records import Pair, QueryCandidates, Text
+from care.data.sources import beir, cblue, chineseblue, chip2019, cmedir, cmedqa_release, cmteb, ncov
+from care.data.sources.common import Report
 
 READERS = {
     "cmedqa_release": cmedqa_release.read,  # cMedQA / cMedQA2 / cEpilepsyQA release folders
@@ -43,3 +43,8 @@ def source_files(opts: dict, root: str | Path) -> list[Path]:
     """The files a source reads from (for the stage fingerprint): its path, or every file under it."""
     path = Path(root) / opts["path"]
     return sorted(p for p in path.rglob("*") if p.is_file()) if path.is_dir() else [path]
+
+
+def code_files() -> list[Path]:
+    """The readers' own source files: a stage fingerprint includes them, so a fixed reader re-runs."""
+    return sorted(Path(__file__).parent.glob("*.py"))

@@ -1,0 +1,69 @@
+"""BGE-M3 checkpoints (care.models.m3) behind the Encoder interface: dense vectors, sparse token weights
+and ColBERT vectors per text, as FlagEmbedding's BGEM3FlagModel returns them."""
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import torch
+
+from care.encoders.base import Embeddings, Encoder
+from care.encoders.dense import batched_forward, pick_device, progress_label
+from care.encoders.prompts import Prompts
+from care.models import HEADS
+from care.models.hub import weights_digest
+from care.models.m3 import M3Model
+
+
+class M3Encoder(Encoder):
+    """`model=` wraps a live M3Model (training's validation) instead of loading `path`."""
+
+    heads = HEADS
+
+    def __init__(self, path: str, name: str = "m3", pooling: str = "cls", query_prefix: str = "",
+                 doc_prefix: str = "", max_length: int = 512, device: str | None = None,
+                 model: M3Model | None = None, build_hint: str = ""):
+        self.path, self.name, self.pooling = str(path), name, pooling
+        self.prompts = Prompts(query_prefix, doc_prefix)
+        self.max_length = max_length
+        self.device = pick_device(device)
+        model = model if model is not None else M3Model.load(path, pooling, build_hint=build_hint)
+        self.model = model.to(self.device).eval()
+        self.tokenizer = model.tokenizer
+
+    def identity(self, side: str) -> dict:
+        return {"class": type(self).__name__, "weights": weights_digest(self.path), "path": self.path,
+                "pooling": self.pooling, "qp": self.prompts.query, "dp": self.prompts.document,
+                "max_length": self.max_length}
+
+    @property
+    def online_parameters(self) -> int:
+        return sum(p.numel() for p in self.model.parameters())
+
+    def _step(self, texts: list[str], heads: Sequence[str]) -> list[tuple]:
+        batch = self.tokenizer(texts, padding=True, truncation=True, max_length=self.max_length,
+                               return_tensors="pt").to(self.device)
+        out = {k: v.float().cpu().numpy() if v.is_floating_point() else v.cpu().numpy()
+               for k, v in self.model(**batch).items()}
+        rows = []
+        for i in range(len(texts)):
+            sparse = colbert = None
+            if "sparse" in heads:
+                sparse = {}
+                for t, w in zip(out["sparse_ids"][i].tolist(), out["sparse"][i].tolist()):
+                    if w > sparse.get(t, 0.0):  # positive weights only, max over repeats
+                        sparse[t] = w
+            if "colbert" in heads:
+                colbert = out["colbert"][i][out["colbert_mask"][i].astype(bool)]
+            rows.append((out["dense"][i], sparse, colbert))
+        return rows
+
+    @torch.inference_mode()
+    def encode(self, texts, side, batch_size, heads, show_progress) -> Embeddings:
+        rows = batched_forward(texts, batch_size, show_progress, progress_label(self.name, side),
+                               lambda b: self._step(b, heads))
+        dim = self.model.config.hidden_size
+        dense = np.stack([r[0] for r in rows]).astype(np.float32) if rows else np.zeros((0, dim), np.float32)
+        return Embeddings(dense=dense,
+                          sparse=[r[1] for r in rows] if "sparse" in heads else None,
+                          colbert=[r[2].astype(np.float32) for r in rows] if "colbert" in heads else None)

@@ -1,0 +1,47 @@
+"""Exact inner-product search with FAISS, the one flat index every stage uses, and small ranking helpers."""
+from __future__ import annotations
+
+import faiss
+import numpy as np
+from scipy import sparse as sp
+
+
+def uses_gpu(use_gpu: bool | None = None) -> bool:
+    """Whether flat_index puts its index on GPUs: when FAISS sees any and the caller does not say no."""
+    gpus = faiss.get_num_gpus() if hasattr(faiss, "get_num_gpus") else 0
+    return bool(gpus and use_gpu is not False)
+
+
+def flat_index(vectors: np.ndarray, use_gpu: bool | None = None):
+    """A flat (exact) inner-product index over `vectors`; on every GPU when faiss-gpu is installed, the
+    same calls either way."""
+    x = np.ascontiguousarray(vectors, dtype=np.float32)
+    index = faiss.IndexFlatIP(x.shape[1])
+    index.add(x)
+    if uses_gpu(use_gpu):
+        index = faiss.index_cpu_to_all_gpus(index)
+    return index
+
+
+def unit_rows(vectors: np.ndarray) -> np.ndarray:
+    """A float32 copy with every row L2-normalised (inner product = cosine)."""
+    x = np.ascontiguousarray(vectors, dtype=np.float32).copy()
+    faiss.normalize_L2(x)
+    return x
+
+
+def top_k(scores: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """Row-wise top k of a dense score block, best first."""
+    k = min(k, scores.shape[1])
+    part = np.argpartition(-scores, k - 1, axis=1)[:, :k]
+    part_scores = np.take_along_axis(scores, part, axis=1)
+    order = np.argsort(-part_scores, axis=1, kind="stable")
+    return np.take_along_axis(part, order, axis=1), np.take_along_axis(part_scores, order, axis=1)
+
+
+def sparse_matrix(weights: list[dict[int, float]], width: int) -> sp.csr_matrix:
+    """Sparse token-weight bags as a [texts, width] CSR matrix."""
+    indptr = np.cumsum([0] + [len(w) for w in weights])
+    indices = np.fromiter((t for w in weights for t in w), dtype=np.int64, count=indptr[-1])
+    values = np.fromiter((v for w in weights for v in w.values()), dtype=np.float64, count=indptr[-1])
+    return sp.csr_matrix((values, indices, indptr), shape=(len(weights), width))

@@ -1,0 +1,124 @@
+"""The scorer the task runners call for any care.encoders.Encoder, with the embedding cache in between.
+
+Scoring methods: `dense` always (exact inner-product search over the whole corpus); `sparse` and
+`colbert` when the encoder has those heads, and `hybrid` = weighted mean of the available heads
+(FlagEmbedding's M3 combination, weights from the config).  Sparse retrieval is exact over the whole
+corpus (a sparse matrix product); ColBERT and hybrid retrieval rescore the union of the dense and sparse
+top `rerank_depth` documents, as FlagEmbedding's M3 evaluation does: exhaustive ColBERT scoring of a
+corpus is not affordable on a CPU.
+"""
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+
+import numpy as np
+
+from care.encoders import Embeddings, Encoder
+from care.encoders.cache import EmbeddingCache, embed
+from care.encoders.scores import colbert_score, lexical_score
+from care.retrieval.index import flat_index, sparse_matrix, top_k
+
+
+class EncodedPair:
+    """Queries and documents embedded by one encoder; scores by head, and the hybrid of the heads."""
+
+    def __init__(self, q: Embeddings, d: Embeddings, methods: tuple[str, ...], weights: dict[str, float],
+                 rerank_depth: int):
+        self.q, self.d, self.methods = q, d, methods
+        self.weights = {h: float(weights.get(h, 0.0)) for h in methods if h != "hybrid"}
+        self.rerank_depth = rerank_depth
+        if q.sparse is not None:
+            width = 1 + max([t for w in q.sparse + d.sparse for t in w] or [0])
+            self.q_sparse, self.d_sparse = sparse_matrix(q.sparse, width), sparse_matrix(d.sparse, width)
+
+    def score(self, method: str, qi: int, docs: np.ndarray) -> np.ndarray:
+        docs = np.asarray(docs, dtype=np.int64)
+        if method == "dense":
+            return self.d.dense[docs] @ self.q.dense[qi]
+        if method == "sparse":
+            return np.array([lexical_score(self.q.sparse[qi], self.d.sparse[j]) for j in docs.tolist()])
+        if method == "colbert":
+            return np.array([colbert_score(self.q.colbert[qi], self.d.colbert[j]) for j in docs.tolist()])
+        if method == "hybrid":
+            total = sum(self.weights.values())
+            return sum(w * self.score(h, qi, docs) for h, w in self.weights.items() if w) / total
+        raise ValueError(f"unknown scoring method {method!r}")
+
+    def search(self, depth: int, block: int = 256) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+        k = min(depth, len(self.d))
+        scores, indices = flat_index(self.d.dense).search(np.ascontiguousarray(self.q.dense, np.float32), k)
+        out = {"dense": (indices, scores)}
+        if "sparse" in self.methods:  # exact: a sparse product, one block of queries at a time
+            parts = [top_k((self.q_sparse[s:s + block] @ self.d_sparse.T).toarray(), k)
+                     for s in range(0, len(self.q), block)]
+            out["sparse"] = (np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts]))
+        for method in ("colbert", "hybrid"):
+            if method in self.methods:
+                out[method] = self._rescore(method, out, k)
+        return out
+
+    def _rescore(self, method: str, first_stage: dict, k: int) -> tuple[np.ndarray, np.ndarray]:
+        idx = np.full((len(self.q), k), -1, dtype=np.int64)
+        val = np.full((len(self.q), k), -np.inf, dtype=np.float32)
+        for qi in range(len(self.q)):
+            pool = np.unique(np.concatenate([first_stage[h][0][qi, :self.rerank_depth]
+                                             for h in ("dense", "sparse") if h in first_stage]))
+            pool = pool[pool >= 0]
+            s = self.score(method, qi, pool)
+            order = np.argsort(-s, kind="stable")[:k]
+            idx[qi, :len(order)], val[qi, :len(order)] = pool[order], s[order]
+        return idx, val
+
+
+class EncoderScorer:
+    """Evaluation through the care.encoders.Encoder interface, with the embedding cache in between."""
+
+    def __init__(self, encoder: Encoder, cache: EmbeddingCache | None = None, batch_size: int = 64,
+                 heads: Sequence[str] | None = None, hybrid_weights: dict[str, float] | None = None,
+                 rerank_depth: int = 100, label: str | None = None, show_progress: bool = True):
+        self.encoder, self.cache = encoder, cache or EmbeddingCache(enabled=False)
+        self.batch_size, self.rerank_depth, self.show_progress = batch_size, rerank_depth, show_progress
+        wanted = encoder.heads if heads is None else heads
+        self.heads = tuple(h for h in encoder.heads if h in wanted)
+        if "dense" not in self.heads:
+            raise ValueError(f"{encoder.name}: dense scoring is always evaluated; heads={list(wanted)}")
+        self.methods = self.heads + (("hybrid",) if len(self.heads) > 1 else ())
+        self.hybrid_weights = dict(hybrid_weights or {"dense": 1.0, "sparse": 0.3, "colbert": 1.0})
+        self.name, self.label = encoder.name, label or encoder.name
+
+    @property
+    def fingerprint(self) -> str:
+        return self.encoder.fingerprint
+
+    @property
+    def online_parameters(self) -> int:
+        return self.encoder.online_parameters
+
+    def embed(self, texts: Sequence[str], side: str) -> Embeddings:
+        return embed(self.encoder, texts, side, self.cache, self.batch_size, self.heads, self.show_progress)
+
+    def prepare(self, queries: Sequence[str], docs: Sequence[str], doc_side: str = "document",
+                cosine: bool = False) -> EncodedPair:
+        """`doc_side="query"` embeds the documents with the query side too (STS: both sides are queries);
+        `cosine` re-normalises dense vectors (STS compares directions, whatever the model's norms)."""
+        q, d = self.embed(queries, "query"), self.embed(docs, doc_side)
+        if cosine:
+            q = Embeddings(_unit(q.dense), q.sparse, q.colbert)
+            d = Embeddings(_unit(d.dense), d.sparse, d.colbert)
+        return EncodedPair(q, d, self.methods, self.hybrid_weights, self.rerank_depth)
+
+    # efficiency.py's hooks: raw encoding, no cache
+    def time_documents(self, texts: Sequence[str]) -> float:
+        start = time.perf_counter()
+        self.encoder.encode_documents(list(texts), batch_size=self.batch_size, heads=("dense",))
+        return time.perf_counter() - start
+
+    def time_query(self, text: str) -> float:
+        start = time.perf_counter()
+        self.encoder.encode_queries([text], batch_size=1, heads=("dense",))
+        return time.perf_counter() - start
+
+
+def _unit(x: np.ndarray) -> np.ndarray:
+    return x / np.maximum(np.linalg.norm(x, axis=1, keepdims=True), 1e-12)

@@ -1,0 +1,164 @@
+"""Checkpoints and resume: what a run folder holds, and how a run picks up exactly where it stopped.
+
+    checkpoints/step-NNNNNNN/   state.pt (model, optimizer, schedule, position, early stopping, config hash)
+                                + rng-<rank>.pt per process; everything loads with torch.load(weights_only=True)
+
+Resume is exact: the same weights as an uninterrupted run, bit for bit on CPU in fp32.  That needs the model,
+AdamW's moments, the schedule, every RNG (dropout) and the data position; the data position is just
+(epoch, batches done) because every group is a pure function of (seed, epoch, example index)
+(care.training.data).  A checkpoint of another config (another hash) is refused, as is replacing the final
+model of another run.  Checkpoints hold full (unsharded) states: DDP, the tested multi-process setting;
+several nodes need the run folder on a shared filesystem.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import random
+import shutil
+from pathlib import Path
+
+import numpy as np
+import torch
+from omegaconf import DictConfig, OmegaConf
+
+from care.data.io import file_digest
+from care.encoders.registry import TRAINING_RECORD
+from care.models.hub import weights_digest
+
+# Settings that do not change the trained weights: a run may resume with other values for these.
+RESUME_SAFE = ("trainer.resume", "trainer.max_steps_this_session", "trainer.num_workers", "trainer.log_every",
+               "trainer.checkpoint_every", "trainer.keep_checkpoints", "validation.batch_size", "wandb",
+               "overwrite", "output_dir", "run_name", "experiment_name", "hydra", "data.dir", "data.texts",
+               "data.examples")
+# What a run folder holds besides its checkpoints (overwrite=true removes all of it).
+RUN_OUTPUTS = ("checkpoints", "best", "tuned", "final", "metrics.jsonl", "curves.png")
+
+
+class ResumeError(RuntimeError):
+    """A checkpoint that does not belong to this config, or a final model of another run in the way."""
+
+
+class AlreadyFinished(ResumeError):
+    """output_dir holds the final model of this very config: nothing to train (train.py reports and skips,
+    as the data pipeline skips an unchanged stage).  `summary` holds what that run recorded."""
+
+    def __init__(self, message: str, summary: dict):
+        super().__init__(message)
+        self.summary = summary
+
+
+def config_hash(cfg: DictConfig) -> str:
+    """What determines the trained weights: the resolved config without RESUME_SAFE keys, plus the content
+    of the training files and the starting weights (not their paths, which may move)."""
+    c = OmegaConf.to_container(cfg, resolve=True)
+    for key in RESUME_SAFE:
+        *parents, leaf = key.split(".")
+        node = c
+        for p in parents:
+            node = node.get(p, {})
+        node.pop(leaf, None)
+    c["data_digest"] = [file_digest(cfg.data.texts), file_digest(cfg.data.examples)]
+    c["start_weights"] = weights_digest(cfg.model.path)
+    return hashlib.sha256(json.dumps(c, sort_keys=True).encode()).hexdigest()[:16]
+
+
+# ---- RNG state as tensors and lists (torch.load(weights_only=True) refuses numpy objects; docs/facts.md s.6)
+def rng_state() -> dict:
+    version, internal, gauss = random.getstate()
+    kind, keys, pos, has_gauss, cached = np.random.get_state()
+    state = {"python": [version, list(internal), gauss],
+             "numpy": {"kind": kind, "keys": torch.from_numpy(keys.astype(np.int64)), "pos": int(pos),
+                       "has_gauss": int(has_gauss), "cached": float(cached)},
+             "torch": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def set_rng_state(state: dict) -> None:
+    version, internal, gauss = state["python"]
+    random.setstate((version, tuple(internal), gauss))
+    n = state["numpy"]
+    np.random.set_state((n["kind"], n["keys"].numpy().astype(np.uint32), n["pos"], n["has_gauss"], n["cached"]))
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+class RunFolder:
+    """output_dir of one run, seen by every process (`accelerator`): checks, checkpoints, resume."""
+
+    def __init__(self, out: Path, config_hash: str, accelerator):
+        self.out, self.hash, self.accelerator = Path(out), config_hash, accelerator
+
+    def check(self, overwrite: bool) -> None:
+        """Refuse a folder holding another run's final model; skip this run's own; clear it on overwrite."""
+        info = self.out / "final" / TRAINING_RECORD
+        if info.exists() and not overwrite:
+            record = json.loads(info.read_text(encoding="utf-8"))
+            theirs = record.get("config_hash")
+            if theirs == self.hash:
+                validation = record.get("validation") or {}
+                raise AlreadyFinished(f"{info.parent} already holds the final model of this run, already "
+                                      f"finished (config {self.hash}): skipped. Pass overwrite=true to train again.",
+                                      {"best_metric": validation.get("best"), "final": str(info.parent)})
+            raise ResumeError(f"{info.parent} already holds the final model of another run (config {theirs}); "
+                              f"this config is {self.hash}. Choose another run_name= or pass overwrite=true to replace it.")
+        if overwrite and self.accelerator.is_main_process:
+            for name in RUN_OUTPUTS:
+                path = self.out / name
+                shutil.rmtree(path) if path.is_dir() else path.unlink(missing_ok=True)
+        self.accelerator.wait_for_everyone()
+
+    def checkpoints(self) -> list[Path]:
+        return sorted((self.out / "checkpoints").glob("step-[0-9]*[0-9]"))
+
+    def save(self, step: int, state: dict, keep: int) -> Path:
+        """state.pt from the main process, every process's RNG beside it; the folder appears complete or
+        not at all, and only the newest `keep` checkpoints stay."""
+        acc = self.accelerator
+        final = self.out / "checkpoints" / f"step-{step:07d}"
+        tmp = final.with_name(final.name + ".tmp")
+        if acc.is_main_process:
+            shutil.rmtree(tmp, ignore_errors=True)
+            tmp.mkdir(parents=True)
+            torch.save({**state, "step": step, "config_hash": self.hash, "num_processes": acc.num_processes},
+                       tmp / "state.pt")
+        acc.wait_for_everyone()
+        torch.save(rng_state(), tmp / f"rng-{acc.process_index}.pt")
+        acc.wait_for_everyone()
+        if acc.is_main_process:
+            shutil.rmtree(final, ignore_errors=True)
+            os.replace(tmp, final)
+            for old in self.checkpoints()[:-keep]:
+                shutil.rmtree(old)
+        acc.wait_for_everyone()
+        return final
+
+    def resume_point(self, resume) -> Path | None:
+        """`trainer.resume`: auto = the latest checkpoint if any, a path, or null = never."""
+        if not resume:
+            return None
+        if resume == "auto":
+            found = self.checkpoints()
+            return found[-1] if found else None
+        return Path(resume)
+
+    def load(self, folder: Path) -> dict:
+        """The checkpoint's state (checked against this run) with this process's RNG state restored."""
+        acc = self.accelerator
+        if not (folder / "state.pt").exists():
+            raise ResumeError(f"{folder} is not a checkpoint (no state.pt)")
+        state = torch.load(folder / "state.pt", map_location="cpu", weights_only=True)
+        if state["config_hash"] != self.hash:
+            raise ResumeError(
+                f"checkpoint {folder} belongs to another config (hash {state['config_hash']}, this run's is "
+                f"{self.hash}): resuming would mix two runs. Use the config it was trained with, another "
+                f"run_name= (a new output folder), trainer.resume=null, or overwrite=true to start over.")
+        if state["num_processes"] != acc.num_processes:
+            raise ResumeError(f"checkpoint {folder} was written by {state['num_processes']} processes, this run "
+                              f"has {acc.num_processes}: the data position and RNG streams would not match")
+        set_rng_state(torch.load(folder / f"rng-{acc.process_index}.pt", weights_only=True))
+        return state

@@ -1,0 +1,115 @@
+"""The model protocol the training loop drives, so one loop trains any family with no model-specific branch.
+
+A family says how to tokenize texts per side (prompts applied by care.encoders.prompts, the same as at
+inference), which modules encode each side (`document_module` None: one module for both, as M3), how to
+save a trained model folder, and how to wrap a module as an Encoder for validation.  `build_family(cfg)`
+picks the family from the model config; the M3 family (`M3Family`) covers `kind: m3` checkpoints and
+plain encoders (`kind: dense`), which become M3 backbones with fresh, seeded heads.
+"""
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Protocol
+
+import torch
+from omegaconf import DictConfig, OmegaConf
+from torch import nn
+
+from care.encoders.base import Encoder
+from care.encoders.m3 import M3Encoder
+from care.encoders.prompts import Prompts
+from care.models.m3 import M3Model, load_backbone
+from care.training.merge import merge_with_start
+
+
+class TrainableFamily(Protocol):
+    query_module: nn.Module
+    document_module: nn.Module | None  # None: query_module encodes both sides
+
+    def tokenize(self, texts: Sequence[str], sides: Sequence[str], max_length: int) -> dict[str, torch.Tensor]: ...
+
+    def save(self, modules: Sequence[nn.Module], out_dir: Path) -> Path: ...
+
+    def merge_with_start(self, tuned_dir: Path, out_dir: Path, weight: float) -> Path: ...
+
+    def encoder(self, modules: Sequence[nn.Module], max_length: int) -> Encoder: ...
+
+    def model_config(self, folder: Path) -> dict: ...
+
+
+def freeze(model: nn.Module, patterns: Sequence[str]) -> None:
+    """Stop training every parameter whose name contains one of `patterns` (e.g. the 96M-parameter
+    vocabulary matrix of multilingual-e5-small, which dominates a CPU optimizer step and which a short
+    run barely moves)."""
+    for pattern in patterns:
+        hits = [p for name, p in model.named_parameters() if pattern in name]
+        if not hits:
+            raise ValueError(f"trainer.freeze: no parameter name contains {pattern!r}")
+        for p in hits:
+            p.requires_grad_(False)
+
+
+def training_dtype(name: str | None) -> torch.dtype | None:
+    """`trainer.dtype` (float32, float64, ...): the precision the weights are loaded and trained in;
+    null = the default (float32).  float64 makes the distributed loop's tests exact enough to compare."""
+    if not name:
+        return None
+    dtype = getattr(torch, str(name), None)
+    if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
+        raise ValueError(f"trainer.dtype={name!r} is not a torch floating-point dtype (e.g. float32, float64)")
+    return dtype
+
+
+class M3Family:
+    """BGE-M3: one backbone with dense, sparse and ColBERT heads (care.models.m3)."""
+
+    document_module = None
+
+    def __init__(self, cfg: DictConfig):
+        m, t = cfg.model, cfg.trainer
+        self.model_cfg = OmegaConf.to_container(m, resolve=True)
+        self.pooling = m.get("pooling", "cls")
+        self.prompts = Prompts.from_config(m)
+        self.dtype = training_dtype(t.get("dtype"))
+        if m.get("kind", "dense") == "m3":  # a checkpoint with trained heads
+            model = M3Model.load(m.path, self.pooling, dtype=self.dtype, build_hint=m.get("build_hint", ""))
+        else:  # a plain encoder (e.g. multilingual-e5-small) with fresh, seeded heads
+            model = M3Model.from_backbone(m.path, self.pooling, seed=cfg.seed, dtype=self.dtype)
+        freeze(model, t.freeze)
+        model.set_backbone_heads(list(t.backbone_heads))
+        if t.gradient_checkpointing:
+            model.gradient_checkpointing_enable()
+        self.query_module, self.tokenizer = model, model.tokenizer
+
+    def tokenize(self, texts: Sequence[str], sides: Sequence[str], max_length: int) -> dict[str, torch.Tensor]:
+        prompted = [self.prompts.apply([t], side)[0] for t, side in zip(texts, sides)]
+        return dict(self.tokenizer(prompted, padding=True, truncation=True, max_length=max_length,
+                                   return_tensors="pt"))
+
+    def save(self, modules: Sequence[nn.Module], out_dir: Path) -> Path:
+        """FlagEmbedding's M3 folder, loadable by evaluate.py ckpt=... and BGEM3FlagModel."""
+        return modules[0].save(out_dir)
+
+    def merge_with_start(self, tuned_dir: Path, out_dir: Path, weight: float) -> Path:
+        """weight x the tuned backbone + (1 - weight) x the start's (care.training.merge), heads as tuned."""
+        merged = M3Model.load(tuned_dir, self.pooling, dtype=self.dtype)
+        merge_with_start(merged, load_backbone(self.model_cfg["path"], self.model_cfg.get("build_hint", "")), weight)
+        return merged.save(out_dir)
+
+    def encoder(self, modules: Sequence[nn.Module], max_length: int) -> Encoder:
+        m = self.model_cfg
+        return M3Encoder(m["path"], name=m["name"], pooling=self.pooling, query_prefix=self.prompts.query,
+                         doc_prefix=self.prompts.document, max_length=max_length,
+                         device=str(next(modules[0].parameters()).device), model=modules[0])
+
+    def model_config(self, folder: Path) -> dict:
+        """How evaluate.py builds a saved folder (recorded in its care_training.json)."""
+        return {**self.model_cfg, "kind": "m3", "path": str(folder)}
+
+
+def build_family(cfg: DictConfig) -> TrainableFamily:
+    kind = cfg.model.get("kind", "dense")
+    if kind in ("dense", "m3"):
+        return M3Family(cfg)
+    raise ValueError(f"model kind '{kind}' cannot be trained (trainable kinds: dense, m3)")
