@@ -25,7 +25,7 @@ setup: .venv/.stamp
 
 # The offline pretrained encoder (multilingual-e5-small, Q4-dequantised) in .cache/models.
 model: setup
-	@$(PY) -m care.models.build_me5
+	@$(PY) -m care.tools.build_me5
 
 data: setup
 	$(PY) -m data_pipeline

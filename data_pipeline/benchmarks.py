@@ -38,7 +38,7 @@ from omegaconf import DictConfig, OmegaConf
 from care.data.io import atomic_open, write_json, write_jsonl
 from care.data.records import Pair, QueryCandidates, Text
 from care.data.sources import code_files, read_source, source_files
-from care.data.stage_cache import fingerprint, up_to_date
+from care.data.stage_cache import claim_outputs, fingerprint, mark_in_progress, up_to_date
 
 OPEN_STAND_IN = ("open stand-in built from public data (data README); not the real CMedTEB / cMedQA2 sets, "
                  "scores are not comparable with published ones")
@@ -176,6 +176,12 @@ def build_cmedqa2_retrieval(data: dict, out: Path) -> dict:
                              "reader": report}}
 
 
+# name -> the files its builder writes into out_root/benchmarks/<name> (checked by claim_outputs)
+OUTPUTS = {"cmedteb_open": ("cmed_v1/test.jsonl", "cmed_v2/test.jsonl", "retrieval/corpus.jsonl",
+                            "retrieval/queries.jsonl", "retrieval/qrels/dev.tsv", "rerank/test.jsonl",
+                            "sts/dev.jsonl"),
+           "cmedqa2_retrieval": ("cmedqa2_test/corpus.jsonl", "cmedqa2_test/queries.jsonl",
+                                 "cmedqa2_test/qrels/test.tsv")}
 # name -> (builder, the data sources it reads: only their files enter the fingerprint)
 BUILDERS = {"cmedteb_open": (build_cmedteb_open, ["cepilepsyqa", "cmedqa2_pairs", "kuake_qtr", "cmedir", "kuake_qqr"]),
             "cmedqa2_retrieval": (build_cmedqa2_retrieval, ["cmedqa2_pairs"])}
@@ -195,7 +201,9 @@ def build(name: str, data: dict, out_root: str | Path, force: bool = False) -> d
     fp = fingerprint(inputs, {"name": name, "root": str(root), "sources": used})
     if not force and (old := up_to_date(out, fp)):
         return {**old, "skipped": True}
+    claim_outputs(out, "benchmarks", OUTPUTS[name], force)
     start = time.perf_counter()
+    mark_in_progress(out, "benchmarks")  # the builder writes slot by slot
     slots = builder(data, out)
     stats = {"stage": "benchmarks", "benchmark": name, "fingerprint": fp, "note": OPEN_STAND_IN,
              "seconds": round(time.perf_counter() - start, 2), "slots": slots}

@@ -10,13 +10,13 @@ Reads `{build.input_dir}` (the import stage's texts.jsonl, pairs.jsonl, candidat
 Examples come from the configured rules (`build.rules`): (source, split) of the import files, which
 labels count as positive, and the pool a rule's negatives are later mined from (stage "mine").
 
-The leakage rule (`build.eval_sets`, `build.leakage`): no query of an evaluation set may appear in the
-training data, as a query or as a positive, by exact match of the normalised text or as a near duplicate
-(MinHash LSH, verified by exact Jaccard: the dedup stage's own functions); and no (query, relevant
-document) pair of an evaluation set may be a training (query, positive) pair.  Texts an evaluation set
-only uses as candidates or corpus entries may stay.  An example whose query leaks is dropped; a leaking
-positive is dropped from its example (and the example with it when no positive is left).  The counts
-"after" are recomputed from scratch on what is kept, not assumed.
+The leakage rule (`build.eval_sets`, `build.leakage`; data_pipeline/leakage.py): no query of an
+evaluation set may appear in the training data, as a query or as a positive, by exact match of the
+normalised text or as a near duplicate (the dedup stage's MinHash recipe, verified by exact Jaccard); and
+no (query, relevant document) pair of an evaluation set may be a training (query, positive) pair.  Texts
+an evaluation set only uses as candidates or corpus entries may stay.  An example whose query leaks is
+dropped; a leaking positive is dropped from its example (and the example with it when no positive is
+left).  The counts "after" are recomputed from scratch on what is kept, not assumed.
 
 `export_flag` writes the id-based training files as FlagEmbedding's {"query", "pos", "neg", "neg_scores"}.
 """
@@ -24,18 +24,14 @@ from __future__ import annotations
 
 import random
 import time
-from collections import defaultdict
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
-from datasketch import MinHash, MinHashLSH
 from omegaconf import DictConfig, OmegaConf
-from tqdm.auto import tqdm
 
-from care.data.io import DataError, read_jsonl, read_text_store, write_json, write_jsonl
-from care.data.stage_cache import fingerprint, up_to_date
-from data_pipeline.dedup.minhash import choose_bands_rows, jaccard, shingles
-from data_pipeline.dedup.normalize import Normalizer
+from care.data.io import DataError, read_jsonl_numbered, read_text_store, write_json, write_jsonl
+from care.data.stage_cache import claim_outputs, fingerprint, mark_in_progress, up_to_date
+from data_pipeline.leakage import EvalSet, apply_leakage_rule
 
 FROM = {"pairs": "pairs.jsonl", "candidates": "candidates.jsonl"}
 
@@ -51,13 +47,6 @@ class Example:
         return {"query_id": self.query_id, "pos_ids": self.pos_ids, "rule": self.rule, "pool": self.pool}
 
 
-@dataclass
-class EvalSet:
-    name: str
-    queries: set[str] = field(default_factory=set)                 # text ids on the query side
-    relevant: set[tuple[str, str]] = field(default_factory=set)    # (query id, relevant document id)
-
-
 # ---- reading the import files ------------------------------------------------------------------------
 
 def _rows(input_dir: Path, specs: list[dict], texts: dict[str, str]):
@@ -70,7 +59,7 @@ def _rows(input_dir: Path, specs: list[dict], texts: dict[str, str]):
         path = input_dir / name
         required = ("source", "split", "text1_id", "text2_id", "label") if kind == "pairs" else (
             "source", "split", "query_id", "candidates")
-        for line, row in enumerate(read_jsonl(path, required), 1):
+        for line, row in read_jsonl_numbered(path, required):
             for spec in wanted:
                 if row["source"] == spec["source"] and row["split"] == spec["split"]:
                     ids = ([("text1_id", row["text1_id"]), ("text2_id", row["text2_id"])] if kind == "pairs"
@@ -133,140 +122,6 @@ def collect_eval_sets(input_dir: Path, specs: list[dict], texts: dict[str, str])
     return list(sets.values())
 
 
-# ---- the leakage rule --------------------------------------------------------------------------------
-
-def near_duplicates(queries: list[str], texts: list[str], ngram: int, threshold: float, num_perm: int,
-                    target_recall: float) -> list[tuple[int, int, float]]:
-    """(query position, text position, Jaccard) for every pair with exact Jaccard >= threshold.
-
-    The dedup stage's MinHash recipe (its shingles, its bands x rows rule, exact verification), as a join
-    of two lists: dedup.minhash.minhash_pairs is a self-join, which here would also hash, index and verify
-    the ~60K training texts against each other (3x slower).  Only the queries go into the LSH index."""
-    bands, rows = choose_bands_rows(threshold, num_perm, target_recall)
-    q_sets = [shingles(t, ngram) for t in queries]
-    t_sets = [shingles(t, ngram) for t in texts]
-    lsh = MinHashLSH(num_perm=num_perm, params=(bands, rows))
-    with lsh.insertion_session() as session:
-        for i, m in enumerate(MinHash.bulk([[s.encode() for s in q] for q in q_sets], num_perm=num_perm)):
-            session.insert(i, m, check_duplication=False)
-    found = []
-    hashes = MinHash.bulk([[s.encode() for s in t] for t in t_sets], num_perm=num_perm)
-    for j, m in enumerate(tqdm(hashes, desc="leakage: near duplicates", unit="text", mininterval=2)):
-        for i in lsh.query(m):
-            sim = jaccard(q_sets[i], t_sets[j])
-            if sim >= threshold:
-                found.append((i, j, sim))
-    return found
-
-
-class LeakageDetector:
-    """Finds evaluation queries among training texts: exact (normalised) or near-duplicate matches.
-    A text's matches are computed once and remembered, so the check after cleaning costs little."""
-
-    def __init__(self, eval_sets: list[EvalSet], texts: dict[str, str], opts: dict):
-        self.normalizer = Normalizer(**opts["normalize"])
-        self.texts, self.opts = texts, opts
-        self.normalised: dict[str, str] = {}  # text id -> normalised text
-        self.owner: dict[str, set[str]] = defaultdict(set)  # normalised eval query -> eval set names
-        for es in eval_sets:
-            for qid in es.queries:
-                self.owner[self.norm(qid)].add(es.name)
-        # {normalised query, normalised relevant document} -> eval set names
-        self.relevant: dict[frozenset, set[str]] = defaultdict(set)
-        for es in eval_sets:
-            for q, d in es.relevant:
-                self.relevant[frozenset((self.norm(q), self.norm(d)))].add(es.name)
-        self.hits: dict[str, dict[str, tuple[str, str, float]]] = {}  # see `match`
-
-    def norm(self, tid: str) -> str:
-        if tid not in self.normalised:
-            self.normalised[tid] = self.normalizer(self.texts[tid])
-        return self.normalised[tid]
-
-    def match(self, normalised: set[str]) -> dict[str, dict[str, tuple[str, str, float]]]:
-        """Leaking training texts (normalised) -> {eval set: (how, matched eval text, similarity)}."""
-        new = sorted(t for t in normalised if t not in self.hits)
-        for t in new:
-            self.hits[t] = {name: ("exact", t, 1.0) for name in self.owner.get(t, ())}
-        n, threshold = self.opts["ngram"], self.opts["threshold"]
-        evals = list(self.owner)
-        sizes = [len(shingles(t, n)) for t in evals]
-        # Jaccard(A, B) <= min(|A|,|B|) / max(|A|,|B|): a text with more than max/threshold shingles (a long
-        # answer) cannot reach the threshold against any evaluation query, so it never enters MinHash.
-        lo, hi = min(sizes, default=0) * threshold, max(sizes, default=0) / threshold
-        rest = [t for t in new if lo <= len(shingles(t, n)) <= hi]
-        near = near_duplicates(evals, rest, n, threshold, self.opts["num_perm"], self.opts["target_recall"])
-        for i, j, sim in near:
-            found = self.hits[rest[j]]
-            for name in self.owner[evals[i]]:
-                if name not in found or found[name][2] < sim:  # an exact match (1.0) is never replaced
-                    found[name] = ("near", evals[i], sim)
-        return {t: self.hits[t] for t in normalised if self.hits[t]}
-
-    def report(self, examples: list[Example]) -> tuple[dict, dict, set]:
-        """Per eval set counts of leaks in `examples`, a few matches to show, and the leaking texts."""
-        norm = {tid: self.norm(tid) for ex in examples for tid in [ex.query_id, *ex.pos_ids]}
-        hits = self.match(set(norm.values()))
-        counts: dict[str, dict] = defaultdict(lambda: defaultdict(int))
-        shown: dict[str, list] = defaultdict(list)
-        for side, ids in (("as_query", dict.fromkeys(ex.query_id for ex in examples)),
-                          ("as_text", dict.fromkeys(p for ex in examples for p in ex.pos_ids))):
-            for tid in ids:
-                for name, (how, eval_text, sim) in hits.get(norm[tid], {}).items():
-                    counts[name][side] += 1
-                    counts[name][how] += 1
-                    if len(shown[name]) < self.opts["examples_shown"]:
-                        shown[name].append({"eval": eval_text, "train": norm[tid], "how": how,
-                                            "jaccard": round(sim, 4)})
-        for ex in examples:
-            for p in ex.pos_ids:
-                for name in self.relevant.get(frozenset((norm[ex.query_id], norm[p])), ()):
-                    counts[name]["relevant_pairs"] += 1
-        return counts, shown, set(hits)
-
-    def clean(self, examples: list[Example]) -> tuple[list[Example], dict, dict]:
-        """Examples with every leaking text removed, and what was removed.  Every relevant pair of an
-        evaluation set holds one of its queries, so this removes those pairs too (`report` counts them
-        again afterwards to prove it)."""
-        counts, shown, leaked = self.report(examples)
-        kept, removed = [], defaultdict(int)
-        for ex in examples:
-            if self.norm(ex.query_id) in leaked:
-                removed["examples_query_leaked"] += 1
-                removed["training_pairs"] += len(ex.pos_ids)
-                continue
-            pos = [p for p in ex.pos_ids if self.norm(p) not in leaked]
-            removed["training_pairs"] += len(ex.pos_ids) - len(pos)
-            if not pos:
-                removed["examples_no_positive_left"] += 1
-                continue
-            kept.append(Example(ex.query_id, pos, ex.rule, ex.pool))
-        return kept, {"counts": counts, "shown": shown}, dict(removed)
-
-
-def apply_leakage_rule(examples: list[Example], eval_sets: list[EvalSet], texts: dict[str, str],
-                       opts: dict) -> tuple[list[Example], dict]:
-    detector = LeakageDetector(eval_sets, texts, opts)
-    kept, before, removed = detector.clean(examples)
-    after_counts, _, _ = detector.report(kept)  # counted again on what is kept
-    zero = {"as_query": 0, "as_text": 0, "exact": 0, "near": 0, "relevant_pairs": 0}
-    per_set = {}
-    for es in eval_sets:
-        per_set[es.name] = {"queries": len(es.queries), "relevant_pairs": len(es.relevant),
-                            "before": {**zero, **before["counts"].get(es.name, {})},
-                            "after": {**zero, **after_counts.get(es.name, {})},
-                            "matches_shown": before["shown"].get(es.name, [])}
-    leaks_after = sum(sum(v["after"].values()) for v in per_set.values())
-    if leaks_after:
-        raise RuntimeError(f"leakage rule failed: {leaks_after} leaks remain after cleaning: {per_set}")
-    report = {"rule": "no evaluation query in training (as query or text; exact after normalisation or near "
-                      "duplicate by MinHash + exact Jaccard); no evaluation (query, relevant document) pair "
-                      "as a training pair", "options": opts, "eval_sets": per_set,
-              "removed": {"training_pairs": 0, "examples_query_leaked": 0, "examples_no_positive_left": 0,
-                          **removed}}
-    return kept, report
-
-
 # ---- FlagEmbedding export ----------------------------------------------------------------------------
 
 def export_flag(train_path: str | Path, texts_path: str | Path, out_path: str | Path) -> int:
@@ -276,7 +131,7 @@ def export_flag(train_path: str | Path, texts_path: str | Path, out_path: str | 
 
     def rows():
         required = ("query_id", "pos_ids", "neg_ids", "neg_scores")
-        for line, ex in enumerate(read_jsonl(train_path, required), 1):
+        for line, ex in read_jsonl_numbered(train_path, required):
             for fld in ("query_id", "pos_ids", "neg_ids"):
                 for tid in ex[fld] if isinstance(ex[fld], list) else [ex[fld]]:
                     if tid not in texts:
@@ -309,6 +164,7 @@ def run(cfg: DictConfig) -> dict:
         if spec.get("from") not in FROM:
             raise ValueError(f"build config entry {spec.get('name')!r}: `from` must be one of {list(FROM)}, "
                              f"not {spec.get('from')!r}")
+    claim_outputs(out_dir, "build", ("examples.jsonl", "texts.jsonl", "leakage.json"), bool(cfg.get("force")))
     t0 = time.perf_counter()
     texts = read_text_store(input_dir / "texts.jsonl")
     by_rule = collect_examples(input_dir, c["rules"], texts)
@@ -330,6 +186,7 @@ def run(cfg: DictConfig) -> dict:
                           "max_examples": rule.get("max_examples"),
                           "pool": rule["pool"]}
     used = dict.fromkeys(tid for ex in final for tid in [ex.query_id, *ex.pos_ids])
+    mark_in_progress(out_dir, "build")
     write_jsonl(out_dir / "examples.jsonl", (ex.row() for ex in final))
     write_jsonl(out_dir / "texts.jsonl", ({"id": tid, "text": texts[tid]} for tid in used))
     write_json(out_dir / "leakage.json", leakage)

@@ -24,7 +24,7 @@ import care.data.sources
 from care.data.io import file_digest, write_json, write_jsonl
 from care.data.records import Pair, QueryCandidates, Text, to_json
 from care.data.sources import read_source, source_files
-from care.data.stage_cache import fingerprint, up_to_date
+from care.data.stage_cache import claim_outputs, fingerprint, mark_in_progress, up_to_date
 
 # The reader code is an input too: a fixed reader must not be skipped as "unchanged".
 CODE = [*care.data.sources.code_files(), Path(care.data.records.__file__), Path(__file__)]
@@ -38,6 +38,7 @@ def run(cfg: DictConfig) -> dict:
     if not cfg.get("force", False) and (old := up_to_date(out, fp)):
         print(f"import: inputs, config and code unchanged (fingerprint {fp}): skipped; force=true re-runs it")
         return {**old, "skipped": True}
+    claim_outputs(out, "import", ("texts.jsonl", "pairs.jsonl", "candidates.jsonl"), cfg.get("force", False))
 
     start = time.perf_counter()
     texts: dict[str, Text] = {}
@@ -67,6 +68,7 @@ def run(cfg: DictConfig) -> dict:
             **report.as_dict(),
         }
 
+    mark_in_progress(out, "import")
     write_jsonl(out / "texts.jsonl", (to_json(t) for t in texts.values()))
     write_jsonl(out / "pairs.jsonl", (to_json(p) for p in pairs))
     write_jsonl(out / "candidates.jsonl", (to_json(c) for c in candidates))

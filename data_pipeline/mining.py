@@ -9,7 +9,7 @@ stage's `clusters.jsonl`; writes `mine.out_dir`:
     stats.json         counts, timings, window, encoder name and fingerprint, the stage fingerprint
     neg_similarity.png histogram of the neighbours' and the stored negatives' similarities, window marked
 
-The recipe (bge-m3-medical-cn, facts.md s.1): encode, take each query's top-K neighbours with FAISS
+The recipe (bge-m3-medical-cn, docs/facts.md s.1): encode, take each query's top-K neighbours with FAISS
 (flat inner product over L2-normalised vectors; moved to the GPUs when faiss-gpu is installed), keep the
 candidates whose similarity s lies in [lo, hi): below lo they are easy, at or above hi they are likely
 unlabelled positives.  With `similarity: question` a candidate's similarity is that of its own question
@@ -38,8 +38,16 @@ import numpy as np
 from omegaconf import DictConfig, OmegaConf
 from tqdm.auto import tqdm
 
-from care.data.io import DataError, read_jsonl, read_text_store, save_figure, write_json, write_jsonl
-from care.data.stage_cache import fingerprint, up_to_date
+from care.data.io import (
+    DataError,
+    read_jsonl,
+    read_jsonl_numbered,
+    read_text_store,
+    save_figure,
+    write_json,
+    write_jsonl,
+)
+from care.data.stage_cache import claim_outputs, fingerprint, mark_in_progress, up_to_date
 from care.encoders import Encoder, build_encoder
 from care.encoders.cache import EmbeddingCache, embed
 from care.models.hub import weights_digest
@@ -50,6 +58,7 @@ from data_pipeline.dedup.normalize import Normalizer
 from data_pipeline.dedup.stage import encoder_thresholds
 
 SIMILARITY = ("question", "document")
+OUTPUTS = ("train.jsonl", "texts.jsonl", "flag_train.jsonl", "leakage.json", "neg_similarity.png", "stats.json")
 
 
 def mining_window(cfg: DictConfig) -> dict:
@@ -73,7 +82,7 @@ def mining_window(cfg: DictConfig) -> dict:
 
 def read_examples(path: Path, texts: dict[str, str]) -> list[dict]:
     examples = []
-    for line, ex in enumerate(read_jsonl(path, ("query_id", "pos_ids", "pool")), 1):
+    for line, ex in read_jsonl_numbered(path, ("query_id", "pos_ids", "pool")):
         for fld in ("query_id", "pos_ids"):
             for tid in ex[fld] if fld == "pos_ids" else [ex[fld]]:
                 if tid not in texts:
@@ -275,6 +284,7 @@ def run(cfg: DictConfig) -> dict:
     if not cfg.get("force") and (old := up_to_date(out_dir, fp)):
         print(f"mine: inputs, encoder and config unchanged, skipped ({out_dir})")
         return {**old, "skipped": True}
+    claim_outputs(out_dir, "mine", OUTPUTS, bool(cfg.get("force")))
 
     t0 = time.perf_counter()
     texts = read_text_store(in_dir / "texts.jsonl")
@@ -301,6 +311,7 @@ def run(cfg: DictConfig) -> dict:
         rows.append({"query_id": ex["query_id"], "pos_ids": ex["pos_ids"], "neg_ids": m.neg_ids,
                      "neg_scores": m.neg_scores, "rule": ex.get("rule"), "pool": ex["pool"], "fallback": m.fallback})
     used = dict.fromkeys(t for r in rows for t in [r["query_id"], *r["pos_ids"], *r["neg_ids"]])
+    mark_in_progress(out_dir, "mine")
     write_jsonl(out_dir / "texts.jsonl", ({"id": t, "text": texts[t]} for t in used))
     write_jsonl(out_dir / "train.jsonl", rows)
     export_flag(out_dir / "train.jsonl", out_dir / "texts.jsonl", out_dir / "flag_train.jsonl")

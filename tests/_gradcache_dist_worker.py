@@ -44,7 +44,7 @@ def main(out: Path) -> None:
     from care.training import gradcache
     from care.training.losses import M3Loss
 
-    # cpu=True: under torchrun a plain Accelerator() on a CPU machine would run each rank alone (facts.md 6b)
+    # cpu=True: under torchrun a plain Accelerator() on a CPU machine would run each rank alone (docs/facts.md s.6b)
     acc = Accelerator(cpu=True)
     if acc.num_processes != 2:
         raise SystemExit(f"expected 2 processes, accelerate sees {acc.num_processes} ({acc.distributed_type})")

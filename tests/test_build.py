@@ -12,6 +12,7 @@ import csv
 import functools
 import hashlib
 import json
+import random
 import unicodedata
 from collections import defaultdict
 from pathlib import Path
@@ -22,6 +23,9 @@ from omegaconf import open_dict
 from care.config import load_config
 from care.data.io import DataError
 from data_pipeline import build
+from data_pipeline.dedup.minhash import minhash_pairs
+from data_pipeline.leakage import EvalSet, LeakageDetector
+from data_pipeline.planted import plant, shared_texts
 
 SOURCES = ("cmedqa2_pairs", "kuake_qqr", "kuake_qtr")
 NEAR = "请问医生"  # prepended to a test question to plant a near duplicate in the dev training split
@@ -239,6 +243,38 @@ def test_leakage_rule_against_brute_force(import_dir, tmp_path):
     for key, pos in clean.items():
         assert got.get(key) == list(dict.fromkeys(pos)), key
     assert stats["examples"] == len(kept) and stats["leakage_removed"] == report["removed"]
+
+
+def test_leakage_rule_and_dedup_share_one_minhash_recipe(shared):
+    """The leakage rule's join (evaluation queries x training texts) finds exactly the pairs the dedup
+    stage's self-join over both lists finds between them, with the same exact Jaccard.  A low target
+    recall makes LSH miss many true pairs, and which ones depends on the hash function, seed, num_perm
+    and banding: give either side another recipe and the two sets differ."""
+    sample = [t for t in shared_texts() if 8 <= len(t) <= 80]
+    rows, pairs = plant(random.Random(5).sample(sample, 600), n_exact=0, n_variant=0, n_near=400, ngram=3,
+                        near_range=(0.75, 1.0), seed=3)
+    opts = {**load_config("data_pipeline").build.leakage, "target_recall": 0.5}
+    by_id = {r["id"]: r["text"] for r in rows}
+    originals = {p.original for p in pairs}
+    # One evaluation set per query, so the detector reports every (query, text) pair it finds.
+    detector = LeakageDetector([EvalSet(i, {i}) for i in sorted(originals)], by_id, opts)
+    evals = list(dict.fromkeys(detector.norm(i) for i in sorted(originals)))
+    train = list(dict.fromkeys(detector.norm(r["id"]) for r in rows if r["id"] not in originals))
+    train = [t for t in train if t not in set(evals)]  # no exact matches: near duplicates only
+    hits = detector.match(set(train))
+    leak = {(e, t): sim for t, found in hits.items() for how, e, sim in found.values() if how == "near"}
+    res = minhash_pairs(evals + train, opts["ngram"], opts["threshold"], opts["num_perm"], opts["target_recall"],
+                        show_progress=False)
+    both = evals + train
+    dedup = {(both[a], both[b]): s for a, b, s in zip(res.rows.tolist(), res.cols.tolist(), res.sims.tolist())
+             if a < len(evals) <= b}
+    truth = {(e, t) for e in evals for t in train if jaccard(e, t) >= opts["threshold"]}
+    planted = {(detector.norm(p.original), detector.norm(p.copy)) for p in pairs} & truth
+    assert len(planted) > 50 and set(leak) <= truth  # precision 1.0
+    assert 0 < len(leak) < len(truth)  # the low target recall missed some true pairs: the test can tell
+    assert leak == dedup  # the same pairs, the same exact Jaccard
+    assert all(s == pytest.approx(jaccard(e, t)) for (e, t), s in leak.items())
+    assert planted & set(leak)
 
 
 def test_dev_test_shared_questions_caught(import_dir, tmp_path):

@@ -55,22 +55,31 @@ def test_fingerprint_tracks_what_changes_vectors(tiny_bert_dir):
 
 
 def test_last_token_pooling_left_and_right_padding():
+    """Last-token pooling equals the last real token of each text encoded alone, with left padding (the LLM
+    document path: Qwen3-Embedding pads left) and with right padding.  RoPE scores depend on relative
+    positions only, so left padding's shifted positions change nothing."""
     model, tok = tiny_qwen3()
     model.eval()
-    outs = {}
+    refs = []
+    for text in TEXTS:
+        with torch.no_grad():
+            refs.append(model(**tok([text], return_tensors="pt")).last_hidden_state[0, -1])
     for side in ("left", "right"):
         tok.padding_side = side
         batch = tok(TEXTS, padding=True, return_tensors="pt")
+        mask = batch["attention_mask"]
+        assert not bool(mask.all()), "the texts must differ in length, or no padding is tested"
         with torch.no_grad():
             hidden = model(**batch).last_hidden_state
-        outs[side] = pool(hidden, batch["attention_mask"], "last_token")
-    # the vector of the shortest text must not depend on where its padding sits... up to position ids:
-    # compare each against an unpadded forward of that text alone
-    for i, text in enumerate(TEXTS):
-        single = tok([text], return_tensors="pt")
-        with torch.no_grad():
-            ref = model(**single).last_hidden_state[0, -1]
-        torch.testing.assert_close(outs["right"][i], ref, atol=1e-4, rtol=1e-4)
+        pooled = pool(hidden, mask, "last_token")
+        for i in range(len(TEXTS)):
+            torch.testing.assert_close(pooled[i], refs[i], atol=1e-4, rtol=1e-4, msg=f"{side} padding, text {i}")
+        if side == "left":
+            assert bool(mask[:, -1].all())  # left padding: the last position is real in every row
+            # the right-padding rule (position sum(mask) - 1) would pick a padding token here: a real check
+            wrong = hidden[torch.arange(len(TEXTS)), mask.sum(1) - 1]
+            short = int(mask.sum(1).argmin())
+            assert not torch.allclose(wrong[short], refs[short], atol=1e-3)
 
 
 def test_missing_model_folder_says_what_to_do(tmp_path):

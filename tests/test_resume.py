@@ -58,7 +58,7 @@ def test_killed_run_resumes_to_identical_weights(setup):
     with pytest.raises(Crash):
         Trainer(cfg("killed"), callbacks=[crash_after(3)]).fit()  # last checkpoint: step 2, mid-epoch
     assert [p.name for p in (root / "killed" / "checkpoints").iterdir()] == ["step-0000002"]
-    # Everything in a checkpoint loads without pickle (facts.md s.6).
+    # Everything in a checkpoint loads without pickle (docs/facts.md s.6).
     state = torch.load(root / "killed/checkpoints/step-0000002/state.pt", weights_only=True)
     rng = torch.load(root / "killed/checkpoints/step-0000002/rng-0.pt", weights_only=True)
     assert state["step"] == 2 and state["batch_in_epoch"] == 2 and isinstance(rng["numpy"]["keys"], torch.Tensor)

@@ -28,7 +28,7 @@ torch.set_num_threads(1)
 
 def make_training_files(root: Path, shared: Path, n_questions: int = 48, n_negs: int = 6, seed: int = 0):
     """Real cEpilepsyQA questions with their own answers as positives and, as negatives, answers of other
-    questions (random, seeded): the id-referencing layout of design.md.  Returns (texts, train) paths."""
+    questions (random, seeded): the id-referencing layout of docs/design.md ("Files between stages").  Returns (texts, train) paths."""
     folder = shared / "cepilepsyqa"
     with open(folder / "question.csv", encoding="utf-8-sig") as fh:
         questions = [r for _, r in zip(range(n_questions), csv.DictReader(fh))]
@@ -291,7 +291,7 @@ def test_every_experiment_composes(name):
     cfg = load_config("train", [f"experiment={name}"])
     assert cfg.experiment_name == name and cfg.run_name.startswith(name)
     assert cfg.trainer.batch_size > 0 and cfg.trainer.group_size >= 1 and cfg.loss.temperature.dense > 0
-    if name == "bge_m3_medical_cn":  # the source recipe, facts.md s.1
+    if name == "bge_m3_medical_cn":  # the source recipe, docs/facts.md s.1
         t = cfg.trainer
         assert cfg.model.name == "bge_m3" and t.batch_size * t.group_size == 1280 and t.lr == 1e-5
         assert t.warmup_ratio == 0.01 and t.mixed_precision == "bf16" and cfg.validation.patience > 0

@@ -30,40 +30,46 @@ def _rows(path: str | Path, columns: int, layout: str) -> Iterator[tuple[int, li
         yield lineno, fields
 
 
-def read_trec_run(path: str | Path) -> dict[str, dict[str, float]]:
-    """`qid Q0 docid rank score tag` lines -> `{qid: {docid: score}}`."""
-    run: dict[str, dict[str, float]] = {}
+def _table(path: str | Path, width: int, layout: str, value_field: str, parse, judged: str):
+    """`{qid: {docid: parse(value)}}` from whitespace-separated lines; a document twice for one query is an
+    error naming both lines."""
+    table: dict[str, dict] = {}
     first_seen: dict[tuple[str, str], int] = {}
-    for lineno, (qid, _, docid, _, score, _) in _rows(path, 6, "qid Q0 docid rank score tag"):
-        try:
-            value = float(score)
-        except ValueError:
-            raise DataError(path, lineno, "score", f"not a number: {score!r}") from None
-        if math.isnan(value):
-            raise DataError(path, lineno, "score", "NaN cannot be ranked")
+    for lineno, cells in _rows(path, width, layout):
+        qid, docid, value = cells[0], cells[2], parse(cells[4] if width == 6 else cells[3], path, lineno, value_field)
         if (qid, docid) in first_seen:
-            raise DataError(path, lineno, "docid", f"document {docid!r} is listed twice for query {qid!r} "
+            raise DataError(path, lineno, "docid", f"document {docid!r} is {judged} twice for query {qid!r} "
                                                    f"(first on line {first_seen[qid, docid]})")
         first_seen[qid, docid] = lineno
-        run.setdefault(qid, {})[docid] = value
-    return run
+        table.setdefault(qid, {})[docid] = value
+    return table
+
+
+def _score(text: str, path, lineno: int, field: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise DataError(path, lineno, field, f"not a number: {text!r}") from None
+    if math.isnan(value):
+        raise DataError(path, lineno, field, "NaN cannot be ranked")
+    return value
+
+
+def _grade(text: str, path, lineno: int, field: str) -> int:
+    try:
+        return int(text)
+    except ValueError:
+        raise DataError(path, lineno, field, f"not an integer relevance grade: {text!r}") from None
+
+
+def read_trec_run(path: str | Path) -> dict[str, dict[str, float]]:
+    """`qid Q0 docid rank score tag` lines -> `{qid: {docid: score}}`."""
+    return _table(path, 6, "qid Q0 docid rank score tag", "score", _score, "listed")
 
 
 def read_trec_qrels(path: str | Path) -> dict[str, dict[str, int]]:
     """`qid iter docid rel` lines -> `{qid: {docid: rel}}` (integer grades, as trec_eval requires)."""
-    qrels: dict[str, dict[str, int]] = {}
-    first_seen: dict[tuple[str, str], int] = {}
-    for lineno, (qid, _, docid, rel) in _rows(path, 4, "qid iter docid rel"):
-        try:
-            grade = int(rel)
-        except ValueError:
-            raise DataError(path, lineno, "rel", f"not an integer relevance grade: {rel!r}") from None
-        if (qid, docid) in first_seen:
-            raise DataError(path, lineno, "docid", f"document {docid!r} is judged twice for query {qid!r} "
-                                                   f"(first on line {first_seen[qid, docid]})")
-        first_seen[qid, docid] = lineno
-        qrels.setdefault(qid, {})[docid] = grade
-    return qrels
+    return _table(path, 4, "qid iter docid rel", "rel", _grade, "judged")
 
 
 def main(argv: list[str] | None = None) -> int:

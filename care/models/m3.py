@@ -1,4 +1,4 @@
-"""BGE-M3 style encoder: one Hugging Face backbone, three heads (facts.md section 2).
+"""BGE-M3 style encoder: one Hugging Face backbone, three heads (docs/facts.md s.2).
 
 - dense:   the CLS (or mean-pooled) hidden state, L2-normalised; score = dot product.
 - sparse:  Linear(hidden, 1) -> ReLU gives one weight per token; a token id that repeats keeps its largest
@@ -98,7 +98,7 @@ class M3Model(nn.Module):
         return self.backbone.config
 
     def gradient_checkpointing_enable(self) -> None:
-        # Non-reentrant checkpointing: works with frozen inputs, GradCache's re-forward and DDP (facts.md s.3).
+        # Non-reentrant checkpointing: works with frozen inputs, GradCache's re-forward and DDP (docs/facts.md s.3).
         self.backbone.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, **inputs) -> dict[str, torch.Tensor]:

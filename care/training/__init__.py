@@ -1,4 +1,4 @@
-"""Training (design.md, layer 4): losses, exact GradCache, cross-process gathering, and the trainer loop.
+"""Training (docs/design.md, "Layers"): losses, exact GradCache, cross-process gathering, and the trainer loop.
 
 Kept import-free so `import care.training.losses` does not pull in accelerate or the trainer.
 """

@@ -14,16 +14,16 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import random
 import shutil
 from pathlib import Path
 
 import numpy as np
 import torch
+from accelerate.utils import gather_object
 from omegaconf import DictConfig, OmegaConf
 
-from care.data.io import file_digest
+from care.data.io import atomic_folder, file_digest
 from care.encoders.registry import TRAINING_RECORD
 from care.models.hub import weights_digest
 
@@ -116,22 +116,17 @@ class RunFolder:
         return sorted((self.out / "checkpoints").glob("step-[0-9]*[0-9]"))
 
     def save(self, step: int, state: dict, keep: int) -> Path:
-        """state.pt from the main process, every process's RNG beside it; the folder appears complete or
-        not at all, and only the newest `keep` checkpoints stay."""
+        """state.pt and every process's RNG state, written by the main process into a folder that appears
+        complete or not at all; only the newest `keep` checkpoints stay."""
         acc = self.accelerator
+        rng = gather_object([rng_state()])  # one per process, in rank order
         final = self.out / "checkpoints" / f"step-{step:07d}"
-        tmp = final.with_name(final.name + ".tmp")
         if acc.is_main_process:
-            shutil.rmtree(tmp, ignore_errors=True)
-            tmp.mkdir(parents=True)
-            torch.save({**state, "step": step, "config_hash": self.hash, "num_processes": acc.num_processes},
-                       tmp / "state.pt")
-        acc.wait_for_everyone()
-        torch.save(rng_state(), tmp / f"rng-{acc.process_index}.pt")
-        acc.wait_for_everyone()
-        if acc.is_main_process:
-            shutil.rmtree(final, ignore_errors=True)
-            os.replace(tmp, final)
+            with atomic_folder(final) as tmp:
+                torch.save({**state, "step": step, "config_hash": self.hash, "num_processes": acc.num_processes},
+                           tmp / "state.pt")
+                for rank, r in enumerate(rng):
+                    torch.save(r, tmp / f"rng-{rank}.pt")
             for old in self.checkpoints()[:-keep]:
                 shutil.rmtree(old)
         acc.wait_for_everyone()

@@ -1,4 +1,4 @@
-"""Training examples over the id-referencing training files (design.md, "Files between stages").
+"""Training examples over the id-referencing training files (docs/design.md, "Files between stages").
 
 `texts.jsonl` holds every text once ({"id","text"}); `train.jsonl` refers to them by id:
 {"query_id", "pos_ids": [...], "neg_ids": [...], "neg_scores": [...], "pool" (optional)}.  Each step an example becomes one
@@ -26,13 +26,20 @@ from pathlib import Path
 import numpy as np
 from torch.utils.data import Dataset, Sampler
 
-from care.data.io import DataError, read_jsonl, read_text_store
+from care.data.io import DataError, read_jsonl_numbered, read_text_store
+
+# What writes the training files when they are missing (the usual cause: the data pipeline has not run).
+WRITTEN_BY = "python -m data_pipeline (stage mine writes outputs/data/train/)"
 
 
-def _line_numbers(path: Path) -> list[int]:
-    """1-based file line of each non-blank line (read_jsonl skips blank lines), for error messages."""
-    with path.open("rb") as fh:
-        return [n for n, raw in enumerate(fh, 1) if raw.strip()]
+def require_training_files(texts_path: str | Path, train_path: str | Path) -> None:
+    """A missing training file is named together with the command that writes it (call this before
+    anything else opens them, e.g. a digest for the run's config hash)."""
+    for what, path in (("the training text store", Path(texts_path)),
+                       ("the training examples file", Path(train_path))):
+        if not path.exists():
+            raise FileNotFoundError(f"{what} {path} does not exist: it is written by {WRITTEN_BY}; run that "
+                                    "first, or point data.texts / data.examples at your own files")
 
 
 class TrainingGroups(Dataset):
@@ -44,6 +51,7 @@ class TrainingGroups(Dataset):
             raise ValueError(f"group_size must be >= 1 (1 positive + negatives), got {group_size}")
         self.texts_path, self.train_path = Path(texts_path), Path(train_path)
         self.group_size, self.seed = group_size, seed
+        require_training_files(self.texts_path, self.train_path)
         self.texts = read_text_store(self.texts_path)
         self.examples = self._read_examples(max_examples)
         # Ids a "no negatives" example may borrow from: every passage the training set uses, sorted so the
@@ -58,14 +66,13 @@ class TrainingGroups(Dataset):
         }
 
     def _read_examples(self, max_examples: int | None) -> list[dict]:
-        rows, lines = [], None
-        for k, row in enumerate(read_jsonl(self.train_path, required=("query_id", "pos_ids"))):
-            if max_examples is not None and k >= max_examples:
+        rows = []
+        for line, row in read_jsonl_numbered(self.train_path, required=("query_id", "pos_ids")):
+            if max_examples is not None and len(rows) >= max_examples:
                 break
             problem = self._check(row)
             if problem:
-                lines = lines or _line_numbers(self.train_path)
-                raise DataError(self.train_path, lines[k], *problem)
+                raise DataError(self.train_path, line, *problem)
             rows.append({"query_id": str(row["query_id"]), "pos_ids": [str(p) for p in row["pos_ids"]],
                          "neg_ids": [str(n) for n in row.get("neg_ids") or []], "pool": row.get("pool")})
         if not rows:
@@ -133,8 +140,8 @@ class EpochSampler(Sampler):
     """Yields (epoch, example index) in an order shuffled by (seed, epoch).  The trainer calls set_epoch
     before each epoch; the epoch travels with every index so data-loader workers need no shared state."""
 
-    def __init__(self, n: int, seed: int = 0, shuffle: bool = True):
-        self.n, self.seed, self.shuffle, self.epoch = n, seed, shuffle, 0
+    def __init__(self, n: int, seed: int = 0):
+        self.n, self.seed, self.epoch = n, seed, 0
 
     def set_epoch(self, epoch: int) -> None:
         self.epoch = epoch
@@ -143,8 +150,7 @@ class EpochSampler(Sampler):
         return self.n
 
     def __iter__(self) -> Iterator[tuple[int, int]]:
-        order = np.random.default_rng([self.seed, self.epoch]).permutation(self.n) if self.shuffle \
-            else np.arange(self.n)
+        order = np.random.default_rng([self.seed, self.epoch]).permutation(self.n)
         return iter([(self.epoch, int(i)) for i in order])
 
 

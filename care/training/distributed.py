@@ -2,7 +2,7 @@
 
 Each rank then computes the loss over the whole gathered batch; gradients reach only its own slice, and
 DDP averages them over ranks, so each rank's loss must be multiplied by the world size for the result to
-equal the single-process full-batch gradient (facts.md s.6b; FlagEmbedding omits the factor, and its
+equal the single-process full-batch gradient (docs/facts.md s.6b; FlagEmbedding omits the factor, and its
 gradients are 1/N).  torch.distributed.nn.functional.all_gather has autograd too, but needs equal shapes;
 ranks pad their texts to different lengths, so trailing dimensions are padded here first.
 """

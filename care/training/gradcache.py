@@ -7,7 +7,7 @@
    gradient through it: sum(rep * cached_grad).backward().  The result equals the full-batch gradient.
 
 Written here because the GradCache package is not on PyPI, and its code breaks with keyword-argument
-models, bf16 and DeepSpeed (facts.md s.3).
+models, bf16 and DeepSpeed (docs/facts.md s.3).
 
 Distributed (DDP via accelerate or plain torch): negatives are gathered from all ranks, each rank's loss
 is multiplied by the world size (care.training.distributed), and gradient sync happens only on the last

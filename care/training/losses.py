@@ -5,8 +5,8 @@ sits at pool index i * group_size and every other passage in the pool is a negat
 
 `M3Loss` is InfoNCE per head (dense, sparse, ColBERT), each with its own temperature, combined with
 configurable weights.  Two presets in conf/loss/:
-- equal.yaml (default, the source recipe, facts.md s.1): L = L_dense + L_sparse + L_colbert;
-- flagembedding.yaml (FlagEmbedding 1.4.2's M3 recipe, facts.md s.2):
+- equal.yaml (default, the source recipe, docs/facts.md s.1): L = L_dense + L_sparse + L_colbert;
+- flagembedding.yaml (FlagEmbedding 1.4.2's M3 recipe, docs/facts.md s.2):
   main = (L_dense + L_ensemble + 0.1 L_sparse + L_colbert) / 4 with ensemble scores
   s_dense + 0.3 s_sparse + s_colbert, and self-distillation from the ensemble:
   L = (main + (D_dense + 0.1 D_sparse + D_colbert) / 3) / 2,

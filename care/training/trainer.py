@@ -14,7 +14,6 @@ care.training.checkpoint, the log and curves in care.training.runlog.
 from __future__ import annotations
 
 import math
-import os
 import shutil
 import time
 import warnings
@@ -30,10 +29,10 @@ from torch.utils.data import DataLoader
 from tqdm.auto import tqdm
 from transformers import get_cosine_schedule_with_warmup
 
-from care.data.io import write_json
+from care.data.io import atomic_folder, write_json
 from care.encoders.registry import TRAINING_RECORD
 from care.training.checkpoint import AlreadyFinished, ResumeError, RunFolder, config_hash
-from care.training.data import EpochSampler, TrainingGroups, collate_groups
+from care.training.data import EpochSampler, TrainingGroups, collate_groups, require_training_files
 from care.training.distributed import gather_reps, world_size
 from care.training.gradcache import GradCache
 from care.training.model import build_family
@@ -59,6 +58,7 @@ class Trainer:
         self.accelerator = Accelerator(cpu=t.cpu, mixed_precision=t.mixed_precision,
                                        log_with=None if wandb_mode(cfg) == "disabled" else "wandb")
         acc = self.accelerator
+        require_training_files(cfg.data.texts, cfg.data.examples)  # before hashing them: say what writes them
         self.hash = config_hash(cfg)
         self.folder = RunFolder(self.out, self.hash, acc)
         self.folder.check(cfg.overwrite)
@@ -256,11 +256,8 @@ class Trainer:
             # With a merge the fine-tuned weights are kept in tuned/ and final/ is the merged model.
             tuned = final if merge_weight is None else self.out / "tuned"
             if use_best:
-                tmp = tuned.with_name(f".{tuned.name}.tmp")
-                shutil.rmtree(tmp, ignore_errors=True)
-                shutil.copytree(best, tmp)
-                shutil.rmtree(tuned, ignore_errors=True)
-                os.replace(tmp, tuned)
+                with atomic_folder(tuned) as tmp:
+                    shutil.copytree(best, tmp, dirs_exist_ok=True)
             else:
                 self.family.save(self.unwrapped(), tuned)
             if merge_weight is not None:

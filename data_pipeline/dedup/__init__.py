@@ -1,4 +1,4 @@
-"""Three-stage deduplication (design.md layer 2; `python -m data_pipeline stage=dedup`).
+"""Three-stage deduplication (docs/design.md, "Layers"; `python -m data_pipeline stage=dedup`).
 
 normalize.py  what counts as the same text (NFKC, case, whitespace, optional punctuation)
 exact.py      stage 1: MD5 of the normalised text

@@ -1,6 +1,6 @@
 """Per-encoder similarity thresholds: the dedup cosine cut and the hard-negative mining window.
 
-A cosine cut belongs to an encoder (facts.md s.4): BGE-M3's 0.80 was set by an LLM judge on pairs sampled
+A cosine cut belongs to an encoder (docs/facts.md s.4): BGE-M3's 0.80 was set by an LLM judge on pairs sampled
 per similarity interval (54% duplicates in [0.80, 0.85), 22% in [0.75, 0.80)); multilingual-e5-small
 scores even unrelated medical texts 0.79-0.84.  This tool reproduces that procedure for any encoder:
 
@@ -37,7 +37,7 @@ from tqdm.auto import tqdm
 
 import care  # noqa: F401  (registers the ${paths:...} resolver)
 from care.config import CONF_DIR
-from care.data.io import DataError, atomic_open, read_jsonl, write_json, write_jsonl
+from care.data.io import DataError, atomic_open, read_jsonl, read_jsonl_numbered, write_json, write_jsonl
 
 
 def interval_of(cosines, edges: Sequence[float]) -> np.ndarray:
@@ -136,7 +136,7 @@ def parse_label(value, path, line: int):
 def read_labels(path: str | Path) -> tuple[list[float], list[int], int]:
     """(cosines, labels) of the labelled rows, and the number left unlabelled."""
     cosines, labels, unlabelled = [], [], 0
-    for line, row in enumerate(read_jsonl(path, required=("cosine", "label")), 1):
+    for line, row in read_jsonl_numbered(path, required=("cosine", "label")):
         label = parse_label(row["label"], path, line)
         if not isinstance(row["cosine"], (int, float)):
             raise DataError(path, line, "cosine", f"{row['cosine']!r} is not a number")

@@ -1,7 +1,9 @@
 """`python -m data_pipeline stage=dedup`: exact -> MinHash -> semantic deduplication of a text store.
 
 Reads `{"id","text",...}` JSON Lines (cfg.input, else {out_root}/import/texts.jsonl), restricted to the
-roles/sources in `dedup.roles` / `dedup.sources`; writes to cfg.out (else {out_root}/dedup/):
+roles/sources in `dedup.roles` / `dedup.sources` (`auto`: dedup.import_filter's on the import store, none
+with input=; see `row_filters`); writes to cfg.out (else {out_root}/dedup/), refusing files there that an
+earlier dedup run did not write (force=true overwrites):
   kept.jsonl         the surviving rows, unchanged, in input order
   clusters.jsonl     one line per cluster a stage merged: stage, kept_id, removed_ids, similarity of
                      each removed text to the kept one, the weakest edge that joined the cluster
@@ -19,7 +21,7 @@ import numpy as np
 from omegaconf import DictConfig, OmegaConf
 
 from care.data import stage_cache
-from care.data.io import DataError, file_digest, read_jsonl, save_figure, write_json, write_jsonl
+from care.data.io import DataError, file_digest, read_jsonl_numbered, save_figure, write_json, write_jsonl
 from care.models.hub import weights_digest
 from data_pipeline.dedup.clusters import Cluster, clusters_from_edges, survivors
 from data_pipeline.dedup.exact import exact_clusters
@@ -27,6 +29,8 @@ from data_pipeline.dedup.minhash import jaccard, minhash_pairs, s_curve, shingle
 from data_pipeline.dedup.normalize import Normalizer
 
 STAGES = ("exact", "minhash", "semantic")
+OUTPUTS = ("kept.jsonl", "clusters.jsonl", "nn_similarity.png", "stats.json")
+AUTO = "auto"
 
 
 class ThresholdError(ValueError):
@@ -35,13 +39,13 @@ class ThresholdError(ValueError):
 
 def encoder_thresholds(model: DictConfig, needed: tuple[str, ...], what: str, override_hint: str) -> dict:
     """The model's calibrated thresholds.  Refuses missing values and thresholds calibrated for another
-    encoder: a cosine cut or window does not transfer between encoders (facts.md s.4)."""
+    encoder: a cosine cut or window does not transfer between encoders (docs/facts.md s.4)."""
     name = model.get("name")
     where = f"model config '{name}' (conf/model/{name}.yaml)"
     th = OmegaConf.to_container(model.thresholds, resolve=True) if model.get("thresholds") else {}
     if any(th.get(k) is None for k in needed):
         raise ThresholdError(
-            f"{where} has no thresholds.{'/'.join(needed)}. {what} belongs to an encoder (facts.md s.4): "
+            f"{where} has no thresholds.{'/'.join(needed)}. {what} belongs to an encoder (docs/facts.md s.4): "
             f"calibrate it (python -m data_pipeline.dedup.calibrate model={name}) and add a thresholds "
             f"block, or pass {override_hint} to override explicitly.")
     if th.get("calibrated_for") != name:
@@ -76,12 +80,29 @@ def semantic_thresholds(cfg: DictConfig) -> dict:
     return {**th, "source": source}
 
 
+def row_filters(cfg: DictConfig) -> tuple[list[str] | None, list[str] | None]:
+    """(roles, sources) to keep, None = every row.  `auto` means dedup.import_filter's list on the
+    pipeline's own import store and no filter on a store given with input= (a plain {"id","text"} store
+    has neither field); any other value is an explicit choice and applies in both modes."""
+    d = cfg.dedup
+    own_import = not cfg.get("input")
+    chosen = []
+    for key in ("roles", "sources"):
+        value = d.get(key)
+        if isinstance(value, str):
+            if value != AUTO:
+                raise ValueError(f"dedup.{key} must be a list, null (every row) or {AUTO!r}, not {value!r}")
+            value = (d.get("import_filter") or {}).get(key) if own_import else None
+        chosen.append([str(v) for v in value] if value is not None else None)
+    return chosen[0], chosen[1]
+
+
 def load_rows(path: Path, roles, sources) -> tuple[list[dict], dict]:
     """Rows of the text store that pass the role/source filters; duplicate ids and empty texts are
     errors (a store whose ids repeat cannot say which text a cluster kept)."""
     rows, seen, dropped = [], set(), 0
     wanted = {"role": set(roles) if roles else None, "source": set(sources) if sources else None}
-    for lineno, row in enumerate(read_jsonl(path, required=("id", "text")), 1):
+    for lineno, row in read_jsonl_numbered(path, required=("id", "text")):
         if not isinstance(row["text"], str) or not row["text"].strip():
             raise DataError(path, lineno, "text", f"empty text for id {row['id']!r}")
         if row["id"] in seen:
@@ -144,7 +165,9 @@ def run(cfg: DictConfig) -> dict:
     semantic = "semantic" in order
     thresholds = semantic_thresholds(cfg) if semantic else None  # refuse before any work
 
-    fp_config = {"dedup": OmegaConf.to_container(d, resolve=True), "input": str(src)}
+    roles, sources = row_filters(cfg)
+    fp_config = {"dedup": OmegaConf.to_container(d, resolve=True), "input": str(src),
+                 "filters": {"roles": roles, "sources": sources}}
     if semantic:
         fp_config["model"] = OmegaConf.to_container(cfg.model, resolve=True)
         fp_config["weights"] = weights_digest(cfg.model.path)
@@ -152,15 +175,17 @@ def run(cfg: DictConfig) -> dict:
     if not cfg.get("force") and (old := stage_cache.up_to_date(out, fp)):
         print(f"dedup: inputs and config unchanged since the last run, skipped ({out}; force=true re-runs)")
         return {**old, "skipped": True}
+    stage_cache.claim_outputs(out, "dedup", OUTPUTS, bool(cfg.get("force")), legacy_keys=("stage_order",))
 
-    rows, read_stats = load_rows(src, d.roles, d.sources)
+    rows, read_stats = load_rows(src, roles, sources)
     ids, texts = [r["id"] for r in rows], [r["text"] for r in rows]
     normalise = Normalizer(**d.normalize)
     normalised = [normalise(t) for t in texts]
     alive = np.arange(len(rows))  # positions (in rows) still in play
-    stats: dict = {"input": str(src), "input_digest": file_digest(src), "output": str(out), "fingerprint": fp,
-                   **read_stats, "stage_order": order, "stages": {}}
+    stats: dict = {"stage": "dedup", "input": str(src), "input_digest": file_digest(src), "output": str(out),
+                   "fingerprint": fp, **read_stats, "stage_order": order, "stages": {}}
     cluster_lines: list[dict] = []
+    stage_cache.mark_in_progress(out, "dedup")  # the semantic stage writes its histogram mid-way
 
     def record(name, t0, clusters, sim_to_kept, extra=None):
         nonlocal alive

@@ -1,10 +1,13 @@
 """The C-MTEB evaluation layouts a user may bring, one JSON Lines file per split:
 
     reranking  {"query": str, "positive": [str, ...], "negative": [str, ...]}  -> `read_reranking`
+               graded sets add "positive_grades": [int >= 1, ...], one per positive: a positive's label
+               is its grade (the nDCG gain; relevance stays binary, grade >= 1), else 1; a negative's is 0
     STS        {"sentence1": str, "sentence2": str, "score": number}          -> `read_sts`
 
 Texts carry no ids: they get md5 ids.  A query on several lines is merged into one candidate list;
-a text repeated in one list is collapsed and counted, one listed both positive and negative is a bad row.
+a text repeated in one list is collapsed (a positive keeps its highest grade) and counted, one listed both
+positive and negative is a bad row.
 """
 from __future__ import annotations
 
@@ -26,16 +29,18 @@ def read_reranking(opts: dict, root: Path, report: Report) -> Iterator[Text | Qu
             with report.row(path, line):
                 query = clean_text(field_of(row, "query", path, line), path, line, "query")
                 judged, n_repeats = dict(lists.get(query, {})), 0
-                for column, label in (("positive", 1), ("negative", 0)):
-                    texts = field_of(row, column, path, line)
+                columns = {column: field_of(row, column, path, line) for column in ("positive", "negative")}
+                for column, texts in columns.items():
                     if not isinstance(texts, list):
                         raise DataError(path, line, column, "expected a list of texts")
-                    for i, text in enumerate(texts):
+                grades = _positive_grades(row, len(columns["positive"]), path, line)
+                for column, labels in (("positive", grades), ("negative", [0] * len(columns["negative"]))):
+                    for i, (text, label) in enumerate(zip(columns[column], labels)):
                         text = clean_text(text, path, line, f"{column}[{i}]")
-                        if judged.get(text, label) != label:
+                        if text in judged and (judged[text] > 0) != (label > 0):
                             raise DataError(path, line, f"{column}[{i}]", "listed both as positive and as negative")
                         n_repeats += text in judged
-                        judged[text] = label
+                        judged[text] = max(judged.get(text, label), label)
                 if not judged:
                     raise DataError(path, line, "positive", "no candidates (positive and negative both empty)")
                 lists[query] = judged
@@ -47,6 +52,23 @@ def read_reranking(opts: dict, root: Path, report: Report) -> Iterator[Text | Qu
             yield from docs
             yield QueryCandidates(f"{source}:{split}:{md5_key(query)}", source, split, q.id,
                                   [(d.id, label) for d, label in zip(docs, judged.values())])
+
+
+def _positive_grades(row: dict, n_positive: int, path: Path, line: int) -> list[int]:
+    """Each positive's grade: row["positive_grades"] (integers >= 1, one per positive), else (absent or
+    null) 1 for every positive."""
+    grades = row.get("positive_grades")
+    if grades is None:
+        return [1] * n_positive
+    if not isinstance(grades, list) or len(grades) != n_positive:
+        got = f"{len(grades)} grades" if isinstance(grades, list) else type(grades).__name__
+        raise DataError(path, line, "positive_grades",
+                        f"expected a list of {n_positive} grades (one per positive), got {got}")
+    for i, grade in enumerate(grades):
+        if isinstance(grade, bool) or not isinstance(grade, int) or grade < 1:
+            raise DataError(path, line, f"positive_grades[{i}]",
+                            f"bad grade {grade!r} (expected an integer >= 1)")
+    return grades
 
 
 def read_sts(opts: dict, root: Path, report: Report) -> Iterator[Text | Pair]:

