@@ -125,7 +125,8 @@ def export_pairs(ids: list[str], texts: list[str], vectors: np.ndarray, edges, p
     return out
 
 
-def parse_label(value, path, line: int):
+def duplicate_label(value, path, line: int):
+    """A hand label of a sampled pair: 1 (duplicate), 0 (not) or None (not labelled yet)."""
     if value is None:
         return None
     if isinstance(value, bool) or value in (0, 1):
@@ -137,7 +138,7 @@ def read_labels(path: str | Path) -> tuple[list[float], list[int], int]:
     """(cosines, labels) of the labelled rows, and the number left unlabelled."""
     cosines, labels, unlabelled = [], [], 0
     for line, row in read_jsonl_numbered(path, required=("cosine", "label")):
-        label = parse_label(row["label"], path, line)
+        label = duplicate_label(row["label"], path, line)
         if not isinstance(row["cosine"], (int, float)):
             raise DataError(path, line, "cosine", f"{row['cosine']!r} is not a number")
         if label is None:
