@@ -21,17 +21,16 @@ from pathlib import Path
 
 import hydra
 from omegaconf import DictConfig, OmegaConf
-from tqdm.auto import tqdm
 
 import care  # noqa: F401  (registers the ${paths:...} resolver)
 from care.config import CONF_DIR
 from care.data.io import DataError, write_json
-from care.data.tasks import load_task
 from care.encoders import build_encoder, detect
 from care.encoders.cache import EmbeddingCache
-from care.evaluation import efficiency
+from care.evaluation import corpora, efficiency
 from care.evaluation.benchmarks import average as benchmark_average
-from care.evaluation.benchmarks import load_benchmark, resolve_paths, run_task
+from care.evaluation.benchmarks import run_task
+from care.evaluation.corpora import evaluation_model
 from care.evaluation.report import gains, write_summary
 from care.evaluation.significance import gain_interval
 from care.retrieval.bm25 import BM25Scorer
@@ -99,10 +98,7 @@ def _identity(model: dict) -> tuple:
 def build_scorer(entry: dict, cfg: dict, cache: EmbeddingCache):
     if entry.get("bm25"):
         return BM25Scorer(**cfg["bm25"], name=entry["name"], label=entry["label"])
-    model = dict(entry["model"])
-    if cfg.get("max_length"):
-        model["max_length"] = min(int(model.get("max_length", 512)), int(cfg["max_length"]))
-    encoder = build_encoder(model, device=cfg.get("device"))
+    encoder = build_encoder(evaluation_model(entry["model"], cfg.get("max_length")), device=cfg.get("device"))
     return EncoderScorer(encoder, cache, batch_size=cfg["batch_size"], heads=cfg.get("heads"),
                          hybrid_weights=cfg["hybrid_weights"], rerank_depth=cfg["rerank_depth"], label=entry["label"])
 
@@ -111,20 +107,7 @@ def build_scorer(entry: dict, cfg: dict, cache: EmbeddingCache):
 
 def load_benchmarks(cfg: dict) -> list[tuple]:
     """[(benchmark, [(task spec, task data)])]; stand-in files are built first when missing or stale."""
-    loaded = []
-    for where in ("benchmark", "extra_benchmark"):
-        if not cfg.get(where):
-            continue
-        bench = load_benchmark(cfg[where], where)
-        if bench.build:
-            builders.build(bench.build, cfg["data"], cfg["data_out_root"])
-        specs = resolve_paths(bench, where)
-        bench.tasks = specs
-        tasks = []
-        for spec in tqdm(specs, desc=f"load {bench.name}", unit="task"):
-            tasks.append((spec, load_task(spec.type, spec.path, spec.split, spec.reader, spec.reader_options)))
-        loaded.append((bench, tasks))
-    return loaded
+    return corpora.load_benchmarks(cfg, build=builders.build)
 
 
 def _slug(text: str) -> str:

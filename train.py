@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import sys
 
 import hydra
@@ -32,6 +33,17 @@ def main(cfg: DictConfig) -> float:
     # after Hydra parsed the command line: `--help` stays fast
     from care.training.trainer import AlreadyFinished, ResumeError, Trainer
 
+    if cfg.model.get("kind") == "care":  # two towers, two stages (care.training.care_recipe)
+        from care.training.care_recipe import run_care
+
+        try:
+            summary = run_care(cfg)
+        except (ResumeError, ValueError, FileNotFoundError) as e:
+            print(f"error: {e}", file=sys.stderr)
+            sys.exit(1)
+        if os.environ.get("RANK", "0") == "0":  # under torchrun: once, not once per process
+            print(json.dumps(summary, indent=2, ensure_ascii=False, default=str))
+        return validation_metric(summary)
     try:
         trainer = Trainer(cfg)
     except AlreadyFinished as done:  # the same config, trained before: a re-run (make run) skips it

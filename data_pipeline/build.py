@@ -29,9 +29,9 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
-from care.data.io import DataError, read_jsonl_numbered, read_text_store, write_json, write_jsonl
+from care.data.io import DataError, read_jsonl, read_jsonl_numbered, read_text_store, write_json, write_jsonl
 from care.data.stage_cache import claim_outputs, fingerprint, mark_in_progress, up_to_date
-from data_pipeline.leakage import EvalSet, apply_leakage_rule
+from data_pipeline.leakage import EvalSet, admitted_texts, apply_leakage_rule
 
 FROM = {"pairs": "pairs.jsonl", "candidates": "candidates.jsonl"}
 
@@ -152,6 +152,19 @@ def _sample(examples: list[Example], cap: int | None, seed: int) -> list[Example
     return [examples[i] for i in picked]
 
 
+def _unlabelled(opts: dict, eval_sets, texts: dict[str, str], used: dict, leakage: dict, input_dir: Path):
+    """Ids of every other imported text the leakage rule admits to training on its own (CARE's stage I
+    aligns same-text pairs and needs no labels), optionally of some roles only; None when disabled."""
+    if not opts.get("enabled"):
+        return None
+    roles = set(opts.get("roles") or ())
+    ids = [t for t in texts if t not in used]
+    if roles:
+        role_of = {r["id"]: r.get("role") for r in read_jsonl(input_dir / "texts.jsonl")}
+        ids = [t for t in ids if role_of.get(t) in roles]
+    return admitted_texts(eval_sets, texts, ids, leakage)
+
+
 def run(cfg: DictConfig) -> dict:
     c = OmegaConf.to_container(cfg.build, resolve=True)
     input_dir, out_dir = Path(c["input_dir"]), Path(c["out_dir"])
@@ -164,7 +177,8 @@ def run(cfg: DictConfig) -> dict:
         if spec.get("from") not in FROM:
             raise ValueError(f"build config entry {spec.get('name')!r}: `from` must be one of {list(FROM)}, "
                              f"not {spec.get('from')!r}")
-    claim_outputs(out_dir, "build", ("examples.jsonl", "texts.jsonl", "leakage.json"), bool(cfg.get("force")))
+    claim_outputs(out_dir, "build", ("examples.jsonl", "texts.jsonl", "leakage.json", "unlabelled_texts.jsonl"),
+                  bool(cfg.get("force")))
     t0 = time.perf_counter()
     texts = read_text_store(input_dir / "texts.jsonl")
     by_rule = collect_examples(input_dir, c["rules"], texts)
@@ -186,14 +200,19 @@ def run(cfg: DictConfig) -> dict:
                           "max_examples": rule.get("max_examples"),
                           "pool": rule["pool"]}
     used = dict.fromkeys(tid for ex in final for tid in [ex.query_id, *ex.pos_ids])
+    unlabelled = _unlabelled(c.get("unlabelled") or {}, eval_sets, texts, used, c["leakage"], input_dir)
+    t_unlabelled = time.perf_counter() - t0 - t_read - t_leak
     mark_in_progress(out_dir, "build")
     write_jsonl(out_dir / "examples.jsonl", (ex.row() for ex in final))
     write_jsonl(out_dir / "texts.jsonl", ({"id": tid, "text": texts[tid]} for tid in used))
     write_json(out_dir / "leakage.json", leakage)
+    if unlabelled is not None:
+        write_jsonl(out_dir / "unlabelled_texts.jsonl", ({"id": tid, "text": texts[tid]} for tid in unlabelled))
     stats = {"stage": "build", "fingerprint": fp, "examples": len(final), "texts": len(used),
+             "unlabelled_texts": None if unlabelled is None else len(unlabelled),
              "training_pairs": sum(len(e.pos_ids) for e in final), "rules": per_rule,
              "leakage_removed": leakage["removed"],
-             "seconds": {"read": round(t_read, 2), "leakage": round(t_leak, 2),
+             "seconds": {"read": round(t_read, 2), "leakage": round(t_leak, 2), "unlabelled": round(t_unlabelled, 2),
                          "total": round(time.perf_counter() - t0, 2)}}
     write_json(out_dir / "stats.json", stats)
     _print_table(per_rule, leakage)

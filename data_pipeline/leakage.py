@@ -140,3 +140,12 @@ def apply_leakage_rule(examples: list[Example], eval_sets: list[EvalSet], texts:
               "removed": {"training_pairs": 0, "examples_query_leaked": 0, "examples_no_positive_left": 0,
                           **removed}}
     return kept, report
+
+
+def admitted_texts(eval_sets: list[EvalSet], texts: dict[str, str], ids: list[str], opts: dict) -> list[str]:
+    """The ids among `ids` whose text the leakage rule admits to training on its own (an unlabelled text,
+    e.g. a same-text pair of CARE's stage I): neither an evaluation query nor a near duplicate of one.
+    Texts an evaluation set uses only as candidates or corpus entries stay, as for training pairs."""
+    detector = LeakageDetector(eval_sets, texts, opts)
+    leaked = detector.match({detector.norm(t) for t in ids})
+    return [t for t in ids if detector.norm(t) not in leaked]

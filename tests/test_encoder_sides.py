@@ -98,3 +98,19 @@ def test_the_trainer_tokenizes_with_the_encoders_prompts(tmp_path):
     assert seen == [["Q: 头痛"], ["D: 发烧"]]
     assert original.batch_decode(batch["input_ids"], skip_special_tokens=True) == \
         [original.decode(original(t)["input_ids"], skip_special_tokens=True) for t in ("Q: 头痛", "D: 发烧")]
+
+
+def test_a_scorer_may_serve_only_the_frozen_side_from_the_cache(tmp_path):
+    """Training's validation: the query tower changes while its fingerprint (its starting folder) does not,
+    so only the document side may come from the cache (a stale query side froze stage I's dev metric)."""
+    from care.retrieval.scorer import EncoderScorer
+
+    enc, cache = TwoTowers(1, 1), EmbeddingCache(tmp_path)
+    scorer = EncoderScorer(enc, cache, cached_sides=("document",), show_progress=False)
+    for _ in range(2):
+        scorer.prepare(["头痛"], ["发烧吃什么药"])
+    assert enc.seen == {"query": ["头痛", "头痛"], "document": ["发烧吃什么药"]}
+    for seen in ({"query": ["头痛"], "document": []}, {"query": [], "document": []}):
+        both = TwoTowers(1, 1)  # by default both sides are cached (evaluation): the query once, then never
+        EncoderScorer(both, cache, show_progress=False).prepare(["头痛"], ["发烧吃什么药"])
+        assert both.seen == seen

@@ -71,6 +71,9 @@ def test_cli_prints_the_table_and_a_rerun_encodes_nothing(task_paths, tiny_bert_
     tiny_row, bm25_row = summary["models"]
     with safe_open(tiny_bert_dir / "model.safetensors", "np") as weights:  # every weight runs at query time
         assert tiny_row["efficiency"]["online_parameters"] == sum(weights.get_tensor(k).size for k in weights.keys())  # noqa: SIM118 (no __iter__)
+        lookup = weights.get_tensor("embeddings.word_embeddings.weight").size  # the token matrix: no compute
+        assert tiny_row["efficiency"]["online_parameters_without_embeddings"] == \
+            tiny_row["efficiency"]["online_parameters"] - lookup
     assert bm25_row["efficiency"]["online_parameters"] == 0
     task = json.loads((out / "tiny_bert" / "cmedteb" / "retrieval.json").read_text())
     assert task["value"] == pytest.approx(100 * task["scores"]["dense"]["ndcg_cut_10"])

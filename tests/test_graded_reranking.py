@@ -43,7 +43,7 @@ class FixedScorer:
     def __init__(self, table: dict[tuple[str, str], float]):
         self.table = table
 
-    def prepare(self, queries, docs):
+    def prepare(self, queries, docs, task=None):
         table = self.table
 
         class Prepared:

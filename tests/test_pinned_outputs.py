@@ -20,7 +20,7 @@ import torch
 from omegaconf import OmegaConf, open_dict
 
 sys.path.insert(0, str(Path(__file__).parent))
-from test_trainer import make_training_files, train_config
+from _training_helpers import make_training_files, train_config
 
 from care.config import load_config
 from care.paths import shared_data

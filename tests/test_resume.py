@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import pytest
 import torch
+from _training_helpers import make_training_files, train_config
 from safetensors.torch import load_file
-from test_trainer import make_training_files, train_config
 
 import care.training.checkpoint as checkpoint_mod
 from care.data.io import read_jsonl
@@ -114,9 +114,8 @@ def test_two_processes_equal_one_process(tmp_path, shared):
     import subprocess
     import sys
 
-    from test_trainer import ROOT
-
     from care.models.m3 import tiny_m3
+    from care.paths import PROJECT_ROOT as ROOT
 
     texts, train = make_training_files(tmp_path, shared, n_questions=40)
     tiny_m3(dropout=0.0).save(tmp_path / "m3")

@@ -6,7 +6,7 @@ import json
 import math
 
 import pytest
-from test_trainer import make_training_files, train_config
+from _training_helpers import make_training_files, train_config
 
 from care.paths import PROJECT_ROOT
 

@@ -1,181 +1,23 @@
-"""The training data, the loop on accelerate and train.py (tiny models, tiny real training files in tmp_path)."""
+"""The training loop on accelerate, the experiment and trainer configs, and train.py (tiny models)."""
 from __future__ import annotations
 
-import csv
 import importlib.util
 import json
 import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
-from torch.utils.data import DataLoader
+from _training_helpers import make_training_files, train_config
 
 from care.config import CONF_DIR as CONF
 from care.config import load_config
-from care.data.io import DataError, read_jsonl, write_jsonl
+from care.data.io import read_jsonl
 from care.encoders.m3 import M3Encoder
 from care.models.m3 import M3Model, tiny_m3
 from care.paths import PROJECT_ROOT as ROOT
-from care.training.data import EpochSampler, TrainingGroups, collate_groups
 from care.training.trainer import Trainer
 from care.training.validation import Validator
-
-# Tiny models run fastest on one thread; two threads on a busy 2-core machine run ~15x slower.
-torch.set_num_threads(1)
-
-
-def make_training_files(root: Path, shared: Path, n_questions: int = 48, n_negs: int = 6, seed: int = 0):
-    """Real cEpilepsyQA questions with their own answers as positives and, as negatives, answers of other
-    questions (random, seeded): the id-referencing layout of docs/design.md ("Files between stages").  Returns (texts, train) paths."""
-    folder = shared / "cepilepsyqa"
-    with open(folder / "question.csv", encoding="utf-8-sig") as fh:
-        questions = [r for _, r in zip(range(n_questions), csv.DictReader(fh))]
-    wanted = {q["question_id"] for q in questions}
-    answers: dict[str, list[dict]] = {}
-    with open(folder / "answer.csv", encoding="utf-8-sig") as fh:
-        for r in csv.DictReader(fh):
-            if r["question_id"] in wanted:
-                answers.setdefault(r["question_id"], []).append(r)
-    questions = [q for q in questions if q["question_id"] in answers]
-    texts = [{"id": f"q{q['question_id']}", "text": q["content"]} for q in questions]
-    texts += [{"id": f"a{a['ans_id']}", "text": a["content"]} for q in questions for a in answers[q["question_id"]]]
-    rng = np.random.default_rng(seed)
-    examples = []
-    for q in questions:
-        pos = [f"a{a['ans_id']}" for a in answers[q["question_id"]]]
-        others = [t["id"] for t in texts if t["id"].startswith("a") and t["id"] not in pos]
-        negs = [str(x) for x in rng.choice(others, n_negs, replace=False)]
-        examples.append({"query_id": f"q{q['question_id']}", "pos_ids": pos, "neg_ids": negs,
-                         "neg_scores": [round(float(s), 3) for s in rng.uniform(0.5, 0.8, n_negs)]})
-    write_jsonl(root / "texts.jsonl", texts)
-    write_jsonl(root / "train.jsonl", examples)
-    return root / "texts.jsonl", root / "train.jsonl"
-
-
-@pytest.fixture()
-def train_files(tmp_path, shared):
-    return make_training_files(tmp_path, shared)
-
-
-# ---------------------------------------------------------------- data
-
-def test_unknown_id_names_file_line_and_field(train_files):
-    texts, train = train_files
-    lines = train.read_text(encoding="utf-8").splitlines()
-    bad = json.loads(lines[2])
-    bad["neg_ids"][1] = "no-such-id"
-    # a blank line before the bad row: the reported line must be the file's line, not the row count
-    train.write_text("\n".join(lines[:2] + ["", json.dumps(bad)] + lines[3:]) + "\n", encoding="utf-8")
-    with pytest.raises(DataError) as err:
-        TrainingGroups(texts, train, group_size=4)
-    assert err.value.path == str(train) and err.value.line == 4 and err.value.field == "neg_ids"
-    assert "no-such-id" in str(err.value) and str(train) in str(err.value)
-
-    bad = json.loads(lines[0])
-    bad["query_id"] = "q-missing"
-    train.write_text("\n".join([json.dumps(bad)] + lines[1:]) + "\n", encoding="utf-8")
-    with pytest.raises(DataError, match=r"line 1, field 'query_id'.*q-missing"):
-        TrainingGroups(texts, train)
-
-
-def test_passages_of_query_side_pools_get_the_query_prefix(tmp_path, shared):
-    texts, train = make_training_files(tmp_path, shared, n_questions=16)
-    rows = list(read_jsonl(train))
-    write_jsonl(train, [{**r, "pool": "questions" if i % 2 else "answers"} for i, r in enumerate(rows)])
-    cfg = train_config(tmp_path, texts, train, "run", "model.query_prefix='Q: '", "model.doc_prefix='D: '",
-                       "trainer.query_side_pools=[questions]")
-    trainer = Trainer(cfg)
-    seen = []
-    tokenizer = trainer.family.tokenizer
-    trainer.family.tokenizer = lambda texts, **kw: seen.append(list(texts)) or tokenizer(texts, **kw)
-    batch = next(iter(trainer.loader))
-    trainer.train_step(batch)
-    queries, passages = seen
-    assert all(q.startswith("Q: ") for q in queries)
-    assert len(passages) == len(batch["passage_pools"]) == len(batch["passages"])
-    for text, pool, raw in zip(passages, batch["passage_pools"], batch["passages"]):
-        assert text == ("Q: " if pool == "questions" else "D: ") + raw
-    assert {"questions", "answers"} <= set(batch["passage_pools"])
-
-    write_jsonl(train, rows)  # a file without pools (e.g. from an older mine stage): said, with what to do
-    with pytest.warns(UserWarning, match="names no pool.*stage=mine force=true"):
-        Trainer(train_config(tmp_path, texts, train, "run2", "trainer.query_side_pools=[questions]"))
-
-
-def _groups(loader) -> dict[str, list[str]]:
-    """query text -> its group of passage texts, over one pass of a loader."""
-    out = {}
-    for batch in loader:
-        g = len(batch["passages"]) // len(batch["queries"])
-        for i, q in enumerate(batch["queries"]):
-            out[q] = batch["passages"][i * g:(i + 1) * g]
-    return out
-
-
-def test_sampling_depends_only_on_seed_epoch_and_index(train_files):
-    from accelerate.data_loader import prepare_data_loader
-
-    texts, train = train_files
-    data = TrainingGroups(texts, train, group_size=4, seed=7)
-
-    def loader(epoch, workers=0):
-        sampler = EpochSampler(len(data), seed=7)
-        sampler.set_epoch(epoch)
-        return DataLoader(data, batch_size=8, sampler=sampler, collate_fn=collate_groups, drop_last=True,
-                          num_workers=workers)
-
-    one = _groups(loader(1))
-    assert _groups(loader(1, workers=2)) == one
-    # two processes, each its shard of the same global order (accelerate's own sharding; its loader
-    # re-sets the sampler's epoch from its own counter on every pass, so the trainer sets it there too)
-    shards = []
-    for p in range(2):
-        shard = prepare_data_loader(loader(1), num_processes=2, process_index=p, put_on_device=False)
-        shard.set_epoch(1)
-        shards.append(_groups(shard))
-    assert {**shards[0], **shards[1]} == one and not set(shards[0]) & set(shards[1])
-    # an independent check of the contract: each group = 1 positive + 3 distinct negatives of its example
-    by_query = {data.texts[e["query_id"]]: e for e in data.examples}
-    for q, group in one.items():
-        ex = by_query[q]
-        assert group[0] in {data.texts[p] for p in ex["pos_ids"]}
-        negs = {data.texts[n] for n in ex["neg_ids"]}
-        assert len(set(group[1:])) == 3 and set(group[1:]) <= negs
-    # another epoch: another order and other negatives
-    other = _groups(loader(2))
-    assert other != one
-
-
-def test_fallbacks_when_negatives_are_short(train_files, tmp_path):
-    texts, train = train_files
-    rows = [json.loads(x) for x in train.read_text(encoding="utf-8").splitlines()]
-    rows[0]["neg_ids"], rows[0]["neg_scores"] = rows[0]["neg_ids"][:2], rows[0]["neg_scores"][:2]
-    rows[1]["neg_ids"], rows[1]["neg_scores"] = [], []
-    write_jsonl(train, rows)
-    data = TrainingGroups(texts, train, group_size=6)
-    assert data.stats["short_of_negatives"] == 1 and data.stats["without_negatives"] == 1
-    _, g0 = data.group_ids(0, 0)
-    assert len(g0) == 6 and set(g0[1:]) == set(rows[0]["neg_ids"])  # own 2 negatives, repeated
-    _, g1 = data.group_ids(0, 1)
-    assert len(g1) == 6 and not set(g1[1:]) & set(rows[1]["pos_ids"]) and all(x in data.texts for x in g1)
-    # group size 1: in-batch negatives only, never a hard negative
-    plain = TrainingGroups(texts, train, group_size=1)
-    assert all(len(plain.group_ids(0, i)[1]) == 1 for i in range(len(plain)))
-
-
-def train_config(root: Path, texts: Path, train: Path, run: str, *extra: str):
-    """The real conf/train.yaml with a tiny M3 model (dropout on) and the tiny files; no validation."""
-    model_dir = root / "tiny-m3"
-    if not model_dir.exists():
-        tiny_m3().save(model_dir)
-    return load_config("train", [
-        "model=tiny_m3", f"model.path={model_dir}", f"data.texts={texts}", f"data.examples={train}",
-        f"output_dir={root / run}", "validation.task=null", "trainer.batch_size=8", "trainer.group_size=3",
-        "trainer.chunk_size=8", "trainer.query_max_length=32", "trainer.passage_max_length=48",
-        "trainer.lr=5e-4", "trainer.warmup_ratio=0.1", *extra])
-
 
 # ---------------------------------------------------------------- the loop
 

@@ -86,25 +86,35 @@ class Encoder(ABC):
         """Parameters that run at query time (the query tower of an asymmetric model)."""
 
     def _encode_side(self, texts: Sequence[str], side: str, batch_size: int, heads: Sequence[str],
-                     show_progress: bool) -> Embeddings:
+                     show_progress: bool, task: str | None) -> Embeddings:
         self.check_heads(heads)
         texts = list(texts)
-        emb = self.encode(self.prompts.apply(texts, side), side, batch_size, tuple(heads), show_progress)
+        emb = self.encode(self.prompts.apply(texts, side, task), side, batch_size, tuple(heads), show_progress)
         check_finite(emb, texts, f"{self.name} {side} embedding")
         return emb
 
     def encode_queries(self, texts: Sequence[str], batch_size: int = 32, heads: Sequence[str] = ("dense",),
-                       show_progress: bool = False) -> Embeddings:
-        return self._encode_side(texts, "query", batch_size, heads, show_progress)
+                       show_progress: bool = False, task: str | None = None) -> Embeddings:
+        """`task`: the task type (retrieval, reranking, sts) whose instruction the query prompt takes."""
+        return self._encode_side(texts, "query", batch_size, heads, show_progress, task)
 
     def encode_documents(self, texts: Sequence[str], batch_size: int = 32, heads: Sequence[str] = ("dense",),
-                         show_progress: bool = False) -> Embeddings:
-        return self._encode_side(texts, "document", batch_size, heads, show_progress)
+                         show_progress: bool = False, task: str | None = None) -> Embeddings:
+        return self._encode_side(texts, "document", batch_size, heads, show_progress, task)
 
-    def side_fingerprint(self, side: str) -> str:
+    def side_fingerprint(self, side: str, task: str | None = None) -> str:
+        """One side's identity, with the instruction `task` gives it when its prompt takes one."""
         if side not in SIDES:
             raise ValueError(f"side must be one of {SIDES}, got {side!r}")
-        return _digest(self.identity(side))
+        instruction = self.prompts.instruction(side, task)
+        identity = self.identity(side)
+        return _digest(identity if instruction is None else {**identity, "instruction": instruction})
+
+    @property
+    def online_embedding_parameters(self) -> int:
+        """Of the online parameters, those of the token-embedding matrix: a lookup, not compute (with a
+        small tower it dominates the count and hides what the tower costs)."""
+        return 0
 
     @property
     def fingerprint(self) -> str:

@@ -8,6 +8,14 @@ candidates are a subset of another task's corpus costs nothing).  Chunks are wri
 file and renamed into place, so an interrupted run never leaves a half chunk; an unreadable chunk
 (disk trouble, another version) is reported and ignored, never trusted.
 
+Every chunk also records the side fingerprint it was written under (a `fingerprint` array).  A chunk
+whose recorded fingerprint is not its folder's (copied or synced into the wrong folder: another document
+tower's vectors) is refused with ForeignChunkError, naming the file and both fingerprints; its vectors
+are never used.  Chunks written before the array existed carry none and stay readable.
+
+`has_chunk` / `put_chunk` treat one text list as one chunk (encode.py: a shard of a corpus is one chunk,
+so an interrupted run skips every finished shard).
+
 numpy's .npz is the format: no library offers a content-addressed array store that is simpler.
 """
 from __future__ import annotations
@@ -27,6 +35,7 @@ from care.paths import cache_dir
 log = logging.getLogger(__name__)
 # On-disk folder name of each side ("doc", not "document": the name existing caches were written under).
 SIDE_DIRS = {"query": "query", "document": "doc"}
+FINGERPRINT = "fingerprint"  # the array in every chunk naming the side fingerprint it was written under
 
 
 def default_root() -> Path:
@@ -44,8 +53,13 @@ def list_hash(keys: Sequence[bytes]) -> str:
     return h.hexdigest()[:24]
 
 
-def _pack(keys: list[bytes], emb: Embeddings) -> dict[str, np.ndarray]:
-    arrays = {"keys": np.array(keys, dtype="V16"), "dense": np.asarray(emb.dense, np.float32)}
+class ForeignChunkError(ValueError):
+    """A chunk that records another side fingerprint than its folder's: another encoder's vectors."""
+
+
+def _pack(keys: list[bytes], emb: Embeddings, fingerprint: str) -> dict[str, np.ndarray]:
+    arrays = {"keys": np.array(keys, dtype="V16"), "dense": np.asarray(emb.dense, np.float32),
+              FINGERPRINT: np.array(fingerprint)}
     if emb.sparse is not None:
         # CSR layout: row i's token ids are indices[indptr[i]:indptr[i+1]].
         arrays["sparse_indptr"] = np.cumsum([0] + [len(d) for d in emb.sparse]).astype(np.int64)
@@ -93,28 +107,83 @@ class EmbeddingCache:
             raise ValueError(f"side must be one of {tuple(SIDE_DIRS)}, got {side!r}")
         return self.root / fingerprint / f"{SIDE_DIRS[side]}-{'+'.join(heads)}"
 
+    def folder(self, fingerprint: str, side: str, heads: Sequence[str]) -> Path:
+        """Where the chunks of one encoder side and set of heads live."""
+        return self._dir(fingerprint, side, tuple(heads))
+
     @staticmethod
-    def _read(path: Path, names: Sequence[str] | None = None) -> dict | None:
-        """A chunk's arrays (only `names` when given), or None when the file cannot be read."""
+    def _read(path: Path, fingerprint: str, names: Sequence[str] | None = None) -> dict | None:
+        """A chunk's arrays (only `names` when given), or None when the file cannot be read.  A chunk that
+        records another fingerprint than `fingerprint` (its folder's) is refused: ForeignChunkError."""
         try:
             with np.load(path) as z:
-                return {k: z[k] for k in (names or z.files)}
+                recorded = str(z[FINGERPRINT]) if FINGERPRINT in z.files else None  # None: written before the array
+                arrays = {k: z[k] for k in (z.files if names is None else names)}
         except (OSError, ValueError, KeyError, zipfile.BadZipFile, EOFError) as e:
             log.warning("ignoring unreadable embedding chunk %s (%s)", path, e)
             return None
+        if recorded is not None and recorded != fingerprint:
+            raise ForeignChunkError(
+                f"embedding chunk {path} was written by another encoder side (fingerprint {recorded}) but lies in "
+                f"the folder of fingerprint {fingerprint}: its vectors are not this encoder's and are never used. "
+                f"Delete it (or move it to {path.parents[2] / recorded / path.parent.name}) and rerun.")
+        return arrays
 
-    def _locate(self, folder: Path, whole: Path) -> dict[bytes, tuple[Path, int]]:
+    def _write(self, path: Path, keys: list[bytes], emb: Embeddings, fingerprint: str, n_texts: int) -> dict:
+        if len(emb) != n_texts:
+            raise RuntimeError(f"encoder returned {len(emb)} embeddings for {n_texts} texts")
+        arrays = _pack(keys, emb, fingerprint)
+        with atomic_open(path, "wb") as fh:
+            np.savez(fh, **arrays)
+        return arrays
+
+    def _locate(self, folder: Path, whole: Path, fingerprint: str) -> dict[bytes, tuple[Path, int]]:
         """Where each cached text lives: one read when a chunk holds exactly the requested list, else the
         keys of every readable chunk of this encoder and side."""
-        if whole.exists() and (index := self._read(whole, ["keys"])) is not None:
+        if whole.exists() and (index := self._read(whole, fingerprint, ["keys"])) is not None:
             return {bytes(k): (whole, row) for row, k in enumerate(index["keys"])}
         where: dict[bytes, tuple[Path, int]] = {}
         for path in sorted(p for p in folder.glob("*.npz") if p != whole):
-            index = self._read(path, ["keys"])
+            index = self._read(path, fingerprint, ["keys"])
             # "V16", not "S16": numpy strips trailing NUL bytes from S keys, losing ~1 key in 256.
             for row, k in enumerate([bytes(k) for k in index["keys"]] if index is not None else []):
                 where.setdefault(k, (path, row))
         return where
+
+    # ---- one text list = one chunk (encode.py's shards) ---------------------------------------------------
+
+    def chunk_path(self, fingerprint: str, side: str, heads: Sequence[str], texts: Sequence[str]) -> Path:
+        """The file holding exactly `texts` (duplicates once) as one chunk: the one `get` reads for that list."""
+        unique = list(dict.fromkeys(text_key(t) for t in texts))
+        return self._dir(fingerprint, side, tuple(heads)) / f"{list_hash(unique)}.npz"
+
+    def has_chunk(self, fingerprint: str, side: str, heads: Sequence[str], texts: Sequence[str]) -> bool:
+        """Whether `texts` are stored, whole, as one readable chunk (ForeignChunkError when another
+        encoder's chunk sits under that name)."""
+        path = self.chunk_path(fingerprint, side, heads, texts)
+        if not path.exists() or (index := self._read(path, fingerprint, ["keys"])) is None:
+            return False
+        return [bytes(k) for k in index["keys"]] == list(dict.fromkeys(text_key(t) for t in texts))
+
+    def put_chunk(self, fingerprint: str, side: str, heads: Sequence[str], texts: Sequence[str],
+                  encode: Callable[[list[str]], Embeddings]) -> Path:
+        """Encode `texts` (duplicates once) as a whole and store them as one chunk, atomically, whatever
+        else the cache holds: a shard's vectors depend on the shard alone, not on what was cached before."""
+        todo = list(dict.fromkeys(texts))
+        path = self.chunk_path(fingerprint, side, heads, todo)
+        self._write(path, [text_key(t) for t in todo], encode(todo), fingerprint, len(todo))
+        self.misses += len(todo)
+        return path
+
+    def check_folder(self, fingerprint: str, side: str, heads: Sequence[str]) -> int:
+        """Refuse (ForeignChunkError) a folder holding any chunk another encoder wrote; the number of chunks."""
+        folder = self._dir(fingerprint, side, tuple(heads))
+        paths = sorted(folder.glob("*.npz"))
+        for path in paths:
+            self._read(path, fingerprint, [])
+        return len(paths)
+
+    # ---- any text list ------------------------------------------------------------------------------------
 
     def get(self, fingerprint: str, side: str, heads: Sequence[str], texts: Sequence[str],
             encode: Callable[[list[str]], Embeddings]) -> Embeddings:
@@ -126,19 +195,14 @@ class EmbeddingCache:
         unique = list(dict.fromkeys(keys))
         folder = self._dir(fingerprint, side, heads)
 
-        where = self._locate(folder, folder / f"{list_hash(unique)}.npz")
+        where = self._locate(folder, folder / f"{list_hash(unique)}.npz", fingerprint)
         chunks: dict[Path, dict] = {}
         missing = [k for k in unique if k not in where]
         if missing:
             first = {k: i for i, k in reversed(list(enumerate(keys)))}
             new_texts = [texts[first[k]] for k in missing]
-            emb = encode(new_texts)
-            if len(emb) != len(new_texts):
-                raise RuntimeError(f"encoder returned {len(emb)} embeddings for {len(new_texts)} texts")
             path = folder / f"{list_hash(missing)}.npz"
-            chunks[path] = _pack(missing, emb)
-            with atomic_open(path, "wb") as fh:
-                np.savez(fh, **chunks[path])
+            chunks[path] = self._write(path, missing, encode(new_texts), fingerprint, len(new_texts))
             where.update({k: (path, row) for row, k in enumerate(missing)})
         self.misses += len(missing)
         self.hits += len(unique) - len(missing)
@@ -152,7 +216,7 @@ class EmbeddingCache:
             rows_of[path][1].append(pos)
         parts, order = [], []
         for path, (rows, positions) in rows_of.items():
-            arrays = chunks.get(path) or self._read(path)
+            arrays = chunks.get(path) or self._read(path, fingerprint)
             if arrays is None:
                 raise RuntimeError(f"embedding chunk {path} became unreadable during the run; delete it and rerun")
             parts.append(_unpack(arrays, np.array(rows, dtype=np.int64)))
@@ -164,15 +228,16 @@ class EmbeddingCache:
 
 
 def embed(encoder: Encoder, texts: Sequence[str], side: str, cache: EmbeddingCache | None = None,
-          batch_size: int = 32, heads: Sequence[str] = ("dense",), show_progress: bool = True) -> Embeddings:
+          batch_size: int = 32, heads: Sequence[str] = ("dense",), show_progress: bool = True,
+          task: str | None = None) -> Embeddings:
     """`texts` embedded by `encoder` on `side` ("query" or "document"), through `cache` when given: the one
     way evaluation, mining and dedup encode.  The cache is keyed by that side's fingerprint only, so a
     document cache survives a new query tower."""
     encode_side = encoder.encode_queries if side == "query" else encoder.encode_documents
 
     def encode(todo: list[str]) -> Embeddings:
-        return encode_side(todo, batch_size=batch_size, heads=tuple(heads), show_progress=show_progress)
+        return encode_side(todo, batch_size=batch_size, heads=tuple(heads), show_progress=show_progress, task=task)
 
     if cache is None:
         return encode(list(texts))
-    return cache.get(encoder.side_fingerprint(side), side, tuple(heads), list(texts), encode)
+    return cache.get(encoder.side_fingerprint(side, task), side, tuple(heads), list(texts), encode)

@@ -67,6 +67,10 @@ class HFDenseEncoder(Encoder):
     def online_parameters(self) -> int:
         return sum(p.numel() for p in self.model.parameters())
 
+    @property
+    def online_embedding_parameters(self) -> int:
+        return self.model.get_input_embeddings().weight.numel()
+
     def embed(self, texts: Sequence[str]) -> torch.Tensor:
         """Differentiable dense vectors for already-prompted texts."""
         batch = self.tokenizer(list(texts), padding=True, truncation=True, max_length=self.max_length,

@@ -40,6 +40,10 @@ class M3Encoder(Encoder):
     def online_parameters(self) -> int:
         return sum(p.numel() for p in self.model.parameters())
 
+    @property
+    def online_embedding_parameters(self) -> int:
+        return self.model.backbone.get_input_embeddings().weight.numel()
+
     def _step(self, texts: list[str], heads: Sequence[str]) -> list[tuple]:
         batch = self.tokenizer(texts, padding=True, truncation=True, max_length=self.max_length,
                                return_tensors="pt").to(self.device)

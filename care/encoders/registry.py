@@ -2,6 +2,7 @@
 
 dense  one backbone, pooled and normalised (multilingual-e5-small, bge-large-zh, tiny test models)
 m3     BGE-M3 style: one backbone, dense + sparse + ColBERT heads (care.encoders.m3)
+care   two towers: a small query tower online, a large document tower offline (care.encoders.care)
 
 `detect(folder, model_cfg)` says which model config builds a folder: a training run's final/ records its
 own, an M3 checkpoint has the head files, any other Hugging Face folder is built like `model_cfg`.
@@ -34,7 +35,43 @@ def build_encoder(cfg: DictConfig | dict, device: str | None = None) -> Encoder:
         from care.encoders.m3 import M3Encoder
 
         return M3Encoder(str(c["path"]), **common)
-    raise ValueError(f"unknown model kind '{kind}' in model config (choose dense or m3)")
+    if kind == "care":
+        from care.encoders.care import CAREEncoder
+        from care.encoders.prompts import Prompts
+
+        ensure_towers(c)
+        prompts = Prompts(c["query"].get("prompt", ""), c["document"].get("prompt", ""), c.get("instructions") or {})
+        return CAREEncoder(tower_config(c["query"]), tower_config(c["document"]), name=c.get("name", kind),
+                           prompts=prompts, device=device)
+    raise ValueError(f"unknown model kind '{kind}' in model config (choose dense, m3 or care)")
+
+
+TOWER_ONLY = ("prompt", "build")  # keys of a tower config that are not the tower's own (care.models.towers)
+
+
+def tower_config(c: dict) -> dict:
+    return {k: v for k, v in c.items() if k not in TOWER_ONLY}
+
+
+def ensure_towers(c: dict) -> None:
+    """Build a configured tower folder on first use when its config says how (`build:`), then check that
+    both towers can be had, before anything loads: one error names every missing tower and its override."""
+    from care.models.hub import resolve_model_path
+
+    missing = []
+    for side in ("query", "document"):
+        tower = c[side]
+        if tower.get("build") and not Path(tower["path"]).exists():
+            from care.tools.build_towers import ensure_towers as build_towers
+
+            build_towers(dict(tower["build"]))
+        try:
+            resolve_model_path(str(tower["path"]), tower.get("build_hint", ""))
+        except FileNotFoundError as e:
+            missing.append(f"  {side} tower {tower['path']!r}: {e}\n    -> model.{side}.path=/local/folder")
+    if missing:
+        raise FileNotFoundError(f"model {c.get('name', 'care')}: {len(missing)} tower(s) cannot be loaded:\n"
+                                + "\n".join(missing))
 
 
 def detect(folder: str | Path, model_cfg: dict) -> dict | None:

@@ -1,6 +1,8 @@
 """Efficiency beside quality: what a model costs online and offline, measured on this machine.
 
-- online parameters: the parameters that run at query time (an asymmetric model's query tower only);
+- online parameters: the parameters that run at query time (an asymmetric model's query tower only),
+  and the same without the token-embedding matrix (a lookup, not compute: with small towers it dominates
+  the count and hides the saving);
 - query latency: one query at a time (batch 1), p50 and p95 over a fixed set of real queries, after a
   few warm-up queries; for an encoder this is query encoding (search excluded: it is the same FAISS
   flat search for every model of a given width), for BM25 segmentation plus a top-10 search;
@@ -26,6 +28,7 @@ def measure(scorer, queries: Sequence[str], docs: Sequence[str], warmup: int = 3
     latency = np.array([scorer.time_query(q) for q in tqdm(queries, desc=f"{scorer.name} latency", leave=False)])
     return {
         "online_parameters": int(scorer.online_parameters),
+        "online_parameters_without_embeddings": int(scorer.online_parameters - scorer.online_embedding_parameters),
         "query_latency_ms_p50": float(np.percentile(latency, 50) * 1000),
         "query_latency_ms_p95": float(np.percentile(latency, 95) * 1000),
         "docs_per_second": float(len(docs) / doc_seconds),

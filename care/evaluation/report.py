@@ -12,6 +12,7 @@ from care.evaluation.benchmarks import Benchmark
 METRIC_LABELS = {"ndcg_cut": "nDCG@{}", "map_cut": "MAP@{}", "map_min_r": "MAP(min R)@{}", "mrr": "MRR@{}",
                  "success": "Hit@{}", "recall": "Recall@{}", "acc": "Acc@{}"}
 EFFICIENCY = [("online_parameters", "Online params (M)", 1e-6, 1),
+              ("online_parameters_without_embeddings", "w/o token embeddings (M)", 1e-6, 1),
               ("query_latency_ms_p50", "Query ms p50", 1, 1), ("query_latency_ms_p95", "Query ms p95", 1, 1),
               ("docs_per_second", "Docs/s", 1, 0)]
 

@@ -43,7 +43,7 @@ def run_retrieval(data: TaskData, scorer, metrics: Sequence[str], depth: int = 1
     N - 1 random negatives per (query, positive) pair (care.evaluation.metrics.accuracy_at_n).
     `items`, a dict, receives each method's per-query values (Acc@N has none: it is a rate over trials)."""
     qids, dids = list(data.queries), list(data.docs)
-    prepared = scorer.prepare([data.queries[q] for q in qids], [data.docs[d] for d in dids])
+    prepared = scorer.prepare([data.queries[q] for q in qids], [data.docs[d] for d in dids], task=data.type)
     trec = [m for m in metrics if not m.startswith("acc_")]
     position = {d: i for i, d in enumerate(dids)}
     relevant = [[position[d] for d, g in data.qrels[q].items() if g >= 1] for q in qids]
@@ -65,7 +65,7 @@ def run_reranking(data: TaskData, scorer, metrics: Sequence[str], items: dict | 
     `items`, a dict, receives each method's per-query values."""
     qids, dids = list(data.queries), list(data.docs)
     position = {d: i for i, d in enumerate(dids)}
-    prepared = scorer.prepare([data.queries[q] for q in qids], [data.docs[d] for d in dids])
+    prepared = scorer.prepare([data.queries[q] for q in qids], [data.docs[d] for d in dids], task=data.type)
     results = {}
     for method in scorer.methods:
         run = {}
@@ -80,25 +80,30 @@ def run_reranking(data: TaskData, scorer, metrics: Sequence[str], items: dict | 
 
 def run_sts(data: TaskData, scorer, metrics: Sequence[str] = ("pearson", "spearman"),
             items: dict | None = None) -> dict[str, dict[str, float]]:
-    """Similarity of each pair vs the gold score.  Both sides are embedded as queries and compared by
-    cosine; a pair's score is the mean of both directions (ColBERT and BM25 are not symmetric).
-    `items`, a dict, receives each method's predicted similarities and the gold scores."""
+    """Similarity of each pair vs the gold score, by cosine; a pair's score is the mean of both directions
+    (ColBERT and BM25 are not symmetric).  Both sides are embedded as queries: an STS pair is two texts a
+    user types, which an asymmetric model embeds online with its query tower, so that is the table's
+    number.  A scorer with two different sides (`asymmetric`) is also scored query tower vs document tower,
+    as methods named `<method>/query+document`.  `items`, a dict, receives each method's predicted
+    similarities and the gold scores."""
     texts = list(dict.fromkeys(t for pair in data.pairs for t in pair))
     position = {t: i for i, t in enumerate(texts)}
-    prepared = scorer.prepare(texts, texts, doc_side="query", cosine=True)
     results = {}
-    for method in scorer.methods:
-        predicted = np.array([(prepared.score(method, position[a], [position[b]])[0]
-                               + prepared.score(method, position[b], [position[a]])[0]) / 2
-                              for a, b in data.pairs])
-        bad = np.flatnonzero(~np.isfinite(predicted))
-        if len(bad):
-            a, b = data.pairs[bad[0]]
-            _finite(predicted, data, f"pair #{bad[0] + 1} ({a!r}, {b!r})")
-        corr = sts_correlations(predicted, data.gold)
-        results[method] = {m: corr[m] for m in metrics}
-        if items is not None:
-            items[method] = {"predicted": predicted.tolist(), "gold": list(data.gold)}
+    layouts = [("query", "")] + ([("document", "/query+document")] if getattr(scorer, "asymmetric", False) else [])
+    for doc_side, suffix in layouts:
+        prepared = scorer.prepare(texts, texts, doc_side=doc_side, cosine=True, task=data.type)
+        for method in scorer.methods:
+            predicted = np.array([(prepared.score(method, position[a], [position[b]])[0]
+                                   + prepared.score(method, position[b], [position[a]])[0]) / 2
+                                  for a, b in data.pairs])
+            bad = np.flatnonzero(~np.isfinite(predicted))
+            if len(bad):
+                a, b = data.pairs[bad[0]]
+                _finite(predicted, data, f"pair #{bad[0] + 1} ({a!r}, {b!r})")
+            corr = sts_correlations(predicted, data.gold)
+            results[method + suffix] = {m: corr[m] for m in metrics}
+            if items is not None:
+                items[method + suffix] = {"predicted": predicted.tolist(), "gold": list(data.gold)}
     return results
 
 

@@ -49,7 +49,7 @@ class BM25Prepared:
 
 class BM25Scorer:
     methods = ("bm25",)
-    online_parameters = 0
+    online_parameters = online_embedding_parameters = 0
 
     def __init__(self, k1: float = 1.5, b: float = 0.75, name: str = "bm25", label: str = "BM25 (bm25s + jieba)"):
         self.k1, self.b, self.name, self.label = k1, b, name, label
@@ -61,7 +61,7 @@ class BM25Scorer:
         return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
     def prepare(self, queries: Sequence[str], docs: Sequence[str], doc_side: str = "document",
-                cosine: bool = False) -> BM25Prepared:
+                cosine: bool = False, task: str | None = None) -> BM25Prepared:
         return BM25Prepared(queries, docs, self.k1, self.b)
 
     # efficiency.py's hooks: indexing speed, and one query's segmentation + top-10 search on that index

@@ -75,9 +75,13 @@ class EncoderScorer:
     """Evaluation through the care.encoders.Encoder interface, with the embedding cache in between."""
 
     def __init__(self, encoder: Encoder, cache: EmbeddingCache | None = None, batch_size: int = 64,
+                 cached_sides: Sequence[str] = ("query", "document"),
                  heads: Sequence[str] | None = None, hybrid_weights: dict[str, float] | None = None,
                  rerank_depth: int = 100, label: str | None = None, show_progress: bool = True):
         self.encoder, self.cache = encoder, cache or EmbeddingCache(enabled=False)
+        # the sides the cache may serve: a side whose weights change in training (a live model keeps the
+        # fingerprint of its starting folder) must be encoded afresh every time
+        self.cached_sides = tuple(cached_sides)
         self.batch_size, self.rerank_depth, self.show_progress = batch_size, rerank_depth, show_progress
         wanted = encoder.heads if heads is None else heads
         self.heads = tuple(h for h in encoder.heads if h in wanted)
@@ -86,6 +90,8 @@ class EncoderScorer:
         self.methods = self.heads + (("hybrid",) if len(self.heads) > 1 else ())
         self.hybrid_weights = dict(hybrid_weights or {"dense": 1.0, "sparse": 0.3, "colbert": 1.0})
         self.name, self.label = encoder.name, label or encoder.name
+        # two different sides (a query tower and a document tower): STS scores both layouts
+        self.asymmetric = encoder.identity("query") != encoder.identity("document")
 
     @property
     def fingerprint(self) -> str:
@@ -95,14 +101,19 @@ class EncoderScorer:
     def online_parameters(self) -> int:
         return self.encoder.online_parameters
 
-    def embed(self, texts: Sequence[str], side: str) -> Embeddings:
-        return embed(self.encoder, texts, side, self.cache, self.batch_size, self.heads, self.show_progress)
+    @property
+    def online_embedding_parameters(self) -> int:
+        return self.encoder.online_embedding_parameters
+
+    def embed(self, texts: Sequence[str], side: str, task: str | None = None) -> Embeddings:
+        cache = self.cache if side in self.cached_sides else None
+        return embed(self.encoder, texts, side, cache, self.batch_size, self.heads, self.show_progress, task)
 
     def prepare(self, queries: Sequence[str], docs: Sequence[str], doc_side: str = "document",
-                cosine: bool = False) -> EncodedPair:
+                cosine: bool = False, task: str | None = None) -> EncodedPair:
         """`doc_side="query"` embeds the documents with the query side too (STS: both sides are queries);
         `cosine` re-normalises dense vectors (STS compares directions, whatever the model's norms)."""
-        q, d = self.embed(queries, "query"), self.embed(docs, doc_side)
+        q, d = self.embed(queries, "query", task), self.embed(docs, doc_side, task)
         if cosine:
             q = Embeddings(_unit(q.dense), q.sparse, q.colbert)
             d = Embeddings(_unit(d.dense), d.sparse, d.colbert)

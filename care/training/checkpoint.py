@@ -60,7 +60,8 @@ def config_hash(cfg: DictConfig) -> str:
             node = node.get(p, {})
         node.pop(leaf, None)
     c["data_digest"] = [file_digest(cfg.data.texts), file_digest(cfg.data.examples)]
-    c["start_weights"] = weights_digest(cfg.model.path)
+    paths = [cfg.model[side].path for side in ("query", "document")] if "query" in cfg.model else [cfg.model.path]
+    c["start_weights"] = [weights_digest(p) for p in paths] if len(paths) > 1 else weights_digest(paths[0])
     return hashlib.sha256(json.dumps(c, sort_keys=True).encode()).hexdigest()[:16]
 
 

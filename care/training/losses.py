@@ -110,3 +110,35 @@ class M3Loss(nn.Module):
             out["distill"] = sum(distill) / len(distill)
             total = (total + out["distill"]) / 2
         return {"loss": total, **out}
+
+
+class AsymmetricLoss(nn.Module):
+    """CARE's loss between a query tower and a document tower (docs/facts.md s.1): InfoNCE over the query x
+    pool dot products / temperature, plus `mse_weight` x the MSE between each query vector and its
+    positive's document vector (squared L2 summed over dimensions, averaged over rows).  Stage I aligns
+    same-text pairs (temperature 0.1, MSE on); stage II trains on mined hard negatives (0.02, no MSE)."""
+
+    def __init__(self, temperature: float = 0.1, mse_weight: float = 1.0, group_size: int | None = None):
+        super().__init__()
+        if temperature <= 0:
+            raise ValueError(f"temperature must be > 0, got {temperature}")
+        self.temperature, self.mse_weight, self.group_size = float(temperature), float(mse_weight), group_size
+
+    def config(self) -> dict:
+        return {"class": type(self).__name__, "temperature": self.temperature, "mse_weight": self.mse_weight,
+                "group_size": self.group_size}
+
+    def forward(self, q: dict, p: dict) -> dict[str, torch.Tensor]:
+        # one dtype for both sides: stage I's cached document vectors are float32 whatever the query tower's
+        dtype = torch.promote_types(torch.promote_types(q["dense"].dtype, p["dense"].dtype), torch.float32)
+        qv, pv = q["dense"].to(dtype), p["dense"].to(dtype)
+        if qv.size(1) != pv.size(1):
+            raise ValueError(f"query vectors are {qv.size(1)}-d, document vectors {pv.size(1)}-d: cut the document "
+                             f"side to the query width")
+        group = pool_group_size(len(qv), len(pv), self.group_size)
+        out = {"infonce": info_nce(qv @ pv.T / self.temperature, group)}
+        if self.mse_weight:
+            positives = pv[torch.arange(len(qv), device=pv.device) * group]
+            out["mse"] = (qv - positives).pow(2).sum(-1).mean()
+        total = out["infonce"] + self.mse_weight * out.get("mse", 0.0)
+        return {"loss": total, **out}

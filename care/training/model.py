@@ -112,4 +112,8 @@ def build_family(cfg: DictConfig) -> TrainableFamily:
     kind = cfg.model.get("kind", "dense")
     if kind in ("dense", "m3"):
         return M3Family(cfg)
-    raise ValueError(f"model kind '{kind}' cannot be trained (trainable kinds: dense, m3)")
+    if kind == "care":
+        from care.training.care_family import CAREFamily
+
+        return CAREFamily(cfg)
+    raise ValueError(f"model kind '{kind}' cannot be trained (trainable kinds: dense, m3, care)")

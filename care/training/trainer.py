@@ -42,6 +42,10 @@ from care.training.validation import EarlyStopping, Validator
 __all__ = ["AlreadyFinished", "ResumeError", "Trainer"]
 
 
+def trainable_flags(modules) -> list[bool]:
+    return [any(p.requires_grad for p in m.parameters()) for m in modules]
+
+
 def build_loss(loss_cfg: DictConfig, group_size: int):
     """conf/loss/*.yaml names its class in `_target_`; the group size checks the pool layout."""
     return instantiate(loss_cfg, group_size=group_size, _convert_="all")
@@ -76,6 +80,9 @@ class Trainer:
                           "re-run `python -m data_pipeline stage=mine force=true`", stacklevel=2)
         self.family = build_family(cfg)
         towers = [m for m in (self.family.query_module, self.family.document_module) if m is not None]
+        # Only modules with trainable weights are prepared (DDP refuses a module with nothing to train); a
+        # frozen one (CARE stage I's cached document vectors) just moves to the device.
+        trainable = trainable_flags(towers)
         self.sampler = EpochSampler(len(self.data), cfg.seed)
         # The loader draws its worker seeds from its own generator, never from the global RNG, so building
         # an iterator (every epoch, and on resume) leaves dropout's random stream untouched.
@@ -87,7 +94,10 @@ class Trainer:
         rest = [p for p in params if p.ndim < 2]
         optimizer = torch.optim.AdamW([{"params": decay, "weight_decay": t.weight_decay},
                                        {"params": rest, "weight_decay": 0.0}], lr=t.lr)
-        *self.towers, self.optimizer, self.loader = acc.prepare(*towers, optimizer, loader)
+        *prepared, self.optimizer, self.loader = acc.prepare(*[m for m, k in zip(towers, trainable) if k],
+                                                             optimizer, loader)
+        prepared = iter(prepared)
+        self.towers = [next(prepared) if k else m.to(acc.device) for m, k in zip(towers, trainable)]
         if len(self.loader) == 0:
             raise ValueError(f"{len(self.data)} examples make no full batch of {t.batch_size} queries x "
                              f"{acc.num_processes} processes: lower trainer.batch_size")
@@ -98,7 +108,7 @@ class Trainer:
         self.loss = build_loss(cfg.loss, t.group_size)
         self.gradcache = GradCache(self.loss, t.chunk_size, acc, autocast=acc.autocast) if t.chunk_size else None
         v = cfg.validation
-        self.validator = Validator(v) if v.task else None
+        self.validator = Validator(v, getattr(self.family, "cache", None)) if v.task else None
         self.stopper = EarlyStopping(v.patience, v.min_delta) if v.task else None
         self.step = self.epoch = self.batch_in_epoch = 0
         self.stop_reason = ""
@@ -153,8 +163,8 @@ class Trainer:
         sides = ["query" if pool in self.query_side_pools else "document" for pool in batch["passage_pools"]]
         passages = self._tokenize(batch["passages"], sides, t.passage_max_length)
         query_model, passage_model = self.towers[0], self.towers[-1]
-        for m in self.towers:
-            m.train()
+        for m, k in zip(self.towers, trainable_flags(self.towers)):
+            m.train(k)
         if self.gradcache:
             losses = self.gradcache.step(query_model, queries, passages, passage_model=passage_model)
         else:  # the whole pool in one forward: no extra no-grad pass, memory grows with the pool
@@ -170,7 +180,9 @@ class Trainer:
         self.optimizer.zero_grad(set_to_none=True)
         return {**{f"loss/{k}": float(v) for k, v in losses.items()}, "grad_norm": float(grad_norm), "lr": lr}
 
-    def fit(self) -> dict:
+    def fit(self, end_training: bool = True) -> dict:
+        """`end_training=False` keeps the process group for another Trainer in this process (CARE's stage II
+        after stage I: accelerate's end_training destroys it, and a later Accelerator does not re-create it)."""
         acc, t = self.accelerator, self.cfg.trainer
         self.log_rows.start()
         if self.stopper and self.step == 0:
@@ -217,7 +229,11 @@ class Trainer:
             summary["final"] = str(self.save_final())
             if acc.is_main_process:
                 self.log_rows.plot(self.cfg.validation.metric if self.stopper else None)
-        acc.end_training()
+        if end_training:
+            acc.end_training()
+        else:
+            for tracker in acc.trackers:  # what end_training does, less destroying the process group
+                tracker.finish()
         return summary
 
     # ---- validation and early stopping -------------------------------------------------------------------

@@ -18,6 +18,7 @@ from care.data.sources import cmedqa_release
 from care.data.sources.common import Report
 from care.data.tasks import TaskData, load_task
 from care.encoders.base import Encoder
+from care.encoders.cache import EmbeddingCache
 from care.evaluation.tasks import run_reranking
 from care.paths import shared_data
 from care.retrieval.scorer import EncoderScorer
@@ -86,12 +87,14 @@ class Validator:
     """`validator(encoder)` -> the dev metric of the model as it is now: each dev query's candidates
     ranked by the summed scores of `validation.heads` (the hybrid of equal weights when several)."""
 
-    def __init__(self, v: DictConfig):
-        self.metric, self.heads, self.batch_size = v.metric, list(v.heads), v.batch_size
+    def __init__(self, v: DictConfig, cache: EmbeddingCache | None = None):
+        """`cache`: embeddings of a side that does not change in training (CARE stage I's frozen documents)."""
+        self.metric, self.heads, self.batch_size, self.cache = v.metric, list(v.heads), v.batch_size, cache
         self.data = first_queries(load_task("reranking", ensure_dev_task(v)), v.max_queries)
 
     def __call__(self, encoder: Encoder) -> float:
-        scorer = EncoderScorer(encoder, batch_size=self.batch_size, heads=self.heads,
+        # only the frozen document side may come from the cache: the query side is the model being trained
+        scorer = EncoderScorer(encoder, self.cache, cached_sides=("document",), batch_size=self.batch_size, heads=self.heads,
                                hybrid_weights=dict.fromkeys(self.heads, 1.0), show_progress=False)
         method = self.heads[0] if len(self.heads) == 1 else "hybrid"
         return run_reranking(self.data, scorer, [self.metric])[method][self.metric]

@@ -1,0 +1,64 @@
+"""What an evaluation run embeds, shared by evaluate.py (which scores it) and encode.py (which embeds a
+benchmark's documents ahead of time into the embedding cache), so that the two cannot disagree on the
+texts, the task types or the model settings, hence on the cache keys:
+
+    load_benchmarks(cfg, build)   the `benchmark` and `extra_benchmark` of an app config, each task loaded
+    document_texts(loaded)        every text the task runners embed on the document side, by task type
+    evaluation_model(model, n)    the model config as evaluation builds it (token limit capped at n)
+"""
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from tqdm.auto import tqdm
+
+from care.data.tasks import TaskData, load_task
+from care.evaluation.benchmarks import Benchmark, TaskSpec, load_benchmark, resolve_paths
+
+#: where an app config holds its benchmarks (evaluate.yaml and encode.yaml alike)
+PLACES = ("benchmark", "extra_benchmark")
+
+
+def load_benchmarks(cfg: dict, build: Callable[[str, dict, str], dict] | None = None,
+                    show_progress: bool = True) -> list[tuple[Benchmark, list[tuple[TaskSpec, TaskData]]]]:
+    """[(benchmark, [(task spec, task data)])] for each benchmark the config names.  `build(name, data,
+    out_root)` makes a stand-in benchmark's files first when missing or stale (the app passes
+    data_pipeline.benchmarks.build: the library never imports the stages)."""
+    loaded = []
+    for where in PLACES:
+        if not cfg.get(where):
+            continue
+        bench = load_benchmark(cfg[where], where)
+        if bench.build:
+            if build is None:
+                raise ValueError(f"benchmark {bench.name} is built from the shared data ({bench.build}) but no builder was given")
+            build(bench.build, cfg["data"], cfg["data_out_root"])
+        specs = resolve_paths(bench, where)
+        bench.tasks = specs
+        tasks = []
+        for spec in tqdm(specs, desc=f"load {bench.name}", unit="task", disable=not show_progress):
+            tasks.append((spec, load_task(spec.type, spec.path, spec.split, spec.reader, spec.reader_options)))
+        loaded.append((bench, tasks))
+    return loaded
+
+
+def document_texts(loaded: list[tuple[Benchmark, list[tuple[TaskSpec, TaskData]]]]) -> dict[str, list[str]]:
+    """{task type: its document texts, each once, in task order}: what the runners (care.evaluation.tasks)
+    embed on the document side, with the task type they pass.  Retrieval corpora and reranking candidates;
+    STS embeds both sentences as queries and adds none."""
+    out: dict[str, dict[str, None]] = {}
+    for _, tasks in loaded:
+        for _, data in tasks:
+            if data.type != "sts":
+                out.setdefault(data.type, {}).update(dict.fromkeys(data.docs.values()))
+    return {task: list(texts) for task, texts in out.items()}
+
+
+def evaluation_model(model: dict, max_length: int | None) -> dict:
+    """The model config evaluation builds its encoder from: the model's own token limit, capped at
+    `max_length` when given (evaluate.yaml's `max_length`).  The limit is part of a side's fingerprint, so
+    encode.py must cap it the same way for evaluation to find its vectors."""
+    model = dict(model)
+    if max_length:
+        model["max_length"] = min(int(model.get("max_length", 512)), int(max_length))
+    return model

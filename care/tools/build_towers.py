@@ -1,0 +1,326 @@
+"""Build the tower folders of CARE-style asymmetric encoders (docs/facts.md s.1): a small BERT-style query
+tower (CLS pooling, runs online) and an LLM-style document tower (Qwen3, last-token pooling, left padding,
+embeddings computed offline).  Each tower is a plain Hugging Face folder (config.json, model.safetensors,
+the fast tokenizer files, manifest.json) that AutoModel / AutoTokenizer load from the folder alone.
+
+    python -m care.tools.build_towers tiny OUT [--seed S] [--force]
+    python -m care.tools.build_towers cut SRC OUT --layers N [--force]
+
+- `tiny OUT`: OUT/query = a 2-layer hidden-32 BERT with the real bert-base-chinese vocabulary
+  (care.models.tiny.tiny_bert); OUT/document = a 2-layer hidden-64 Qwen3 (care.models.tiny.tiny_qwen3)
+  whose tokenizer behaves like a real Qwen3-Embedding tokenizer (`QWEN3_EMBEDDING_TOKENIZER`): it appends
+  the end token itself (post-processor, `add_special_tokens=True`), adds no BOS, pads on the left and returns
+  no token_type_ids.  The document tower is wider than the query tower, as CARE needs (the document vector,
+  normalised at full width, is cut to the query width).  Seeded: the same seed gives the same weights.
+- `cut SRC OUT --layers N`: a BertModel-family folder (default source: the offline multilingual-e5-small,
+  built first when missing) cut to its embeddings and first N transformer layers; num_hidden_layers=N; the
+  tokenizer files copied byte for byte.  Its output equals the source's hidden_states[N].
+- `ensure_towers(spec)`: what the model registry calls when a configured tower folder is missing.
+
+Every build runs under a file lock beside OUT (concurrent callers: one builds, the others then skip), writes a
+temporary folder swapped in whole (care.data.io.atomic_folder), and is skipped when OUT/manifest.json says OUT
+was built from the same sources and options and every file it lists is there (`--force` rebuilds).
+"""
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import re
+import shutil
+import time
+from collections.abc import Mapping
+from importlib.metadata import version
+from pathlib import Path
+
+from filelock import FileLock
+
+from care.data.io import atomic_folder, file_digest, write_json
+
+#: bump when a builder's output changes for the same sources and options (invalidates built folders)
+BUILDER_VERSION = 1
+
+TINY_QUERY = {"hidden": 32, "layers": 2, "heads": 2}
+TINY_DOCUMENT = {"hidden": 64, "layers": 2, "heads": 2}
+MAX_LENGTH = 512  # both tiny towers have 512 positions
+
+#: What a real Qwen3-Embedding tokenizer (Qwen/Qwen3-Embedding-0.6B/4B/8B, transformers' Qwen2TokenizerFast)
+#: does with the end token; the tiny document tower reproduces the behaviour, recorded in its manifest.
+#: Sources: QwenLM/Qwen3-Embedding issues #54 (maintainer: "an EOS token is automatically added at the end, so
+#: you no longer need to add it manually") and #122 (`tokenizer(["test", "test again"], padding=True)` gives
+#: [[151643, 1944, 151643], [1944, 1549, 151643]] with eos_token_id 151645, pad_token_id 151643);
+#: ggml-org/llama.cpp #14252 and PR #14314 (the TemplateProcessing was added to tokenizer.json later, as a fix,
+#: and appends a different token than tokenizer_config's eos_token); transformers 4.57 Qwen2TokenizerFast
+#: (no add_eos_token / add_bos_token handling: only tokenizer.json's post-processor adds tokens).
+QWEN3_EMBEDDING_TOKENIZER = {
+    "appended_token": "<|endoftext|> (151643), after every sequence, by the TemplateProcessing post-processor of "
+                      "tokenizer.json; only with add_special_tokens=True (the default) and only by the fast "
+                      "tokenizer (the slow Qwen2Tokenizer adds nothing)",
+    "eos_token_attribute": "<|im_end|> (151645): NOT the appended token",
+    "pad_token": "<|endoftext|> (151643): the same id as the appended token",
+    "bos_token": None,
+    "padding_side": "left (the model card loads the tokenizer with padding_side='left')",
+    "truncation": "the post-processor's token is reserved, so a truncated text still ends with it",
+    "pooling": "the hidden state of that last token (last_token_pool: position -1 under left padding)",
+    "history": "the first release had no TemplateProcessing and the model card appended <|endoftext|> by hand; "
+               "appending it by hand to the current tokenizer gives two",
+    "rules": ["never append an end token by hand: the tokenizer does",
+              "find the last token from the attention mask, never from input_ids != pad_token_id",
+              "never check ids[-1] == tokenizer.eos_token_id: on the real tokenizer they differ"],
+}
+
+
+def _say(msg: str) -> None:
+    print(f"[build_towers] {msg}", flush=True)
+
+
+def _manifest_if_up_to_date(out: Path, key: dict) -> dict | None:
+    """OUT's manifest if OUT was built with this key and every file it lists is there, at its size."""
+    try:
+        manifest = json.loads((out / "manifest.json").read_text(encoding="utf-8"))
+    except (FileNotFoundError, NotADirectoryError, json.JSONDecodeError):
+        return None
+    if manifest.get("key") != key or not manifest.get("files"):
+        return None
+    ok = all((out / f).is_file() and (out / f).stat().st_size == size for f, size in manifest["files"].items())
+    return manifest if ok else None
+
+
+def _built_here(out: Path) -> bool:
+    try:
+        return json.loads((out / "manifest.json").read_text(encoding="utf-8"))["key"]["tool"] in {"tiny", "cut"}
+    except (OSError, ValueError, KeyError, TypeError):
+        return False
+
+
+def _publish(tmp: Path, key: dict, **info) -> dict:
+    """Write OUT/manifest.json (key, info, every file with its size) into the temporary folder."""
+    files = {p.relative_to(tmp).as_posix(): p.stat().st_size for p in sorted(tmp.rglob("*")) if p.is_file()}
+    manifest = {"key": key, **info, "built_at": time.strftime("%Y-%m-%d %H:%M:%S"), "files": files}
+    write_json(tmp / "manifest.json", manifest)
+    for p in tmp.rglob("*"):  # mkstemp/mkdtemp make them private; model folders are for everyone to read
+        p.chmod(0o755 if p.is_dir() else 0o644)
+    return manifest
+
+
+def _locked_build(out: Path, key: dict, force: bool, write) -> dict:
+    """Skip when OUT is up to date with `key`; else `write(tmp) -> info` into a temporary folder swapped in."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with FileLock(str(out) + ".lock"):
+        manifest = None if force else _manifest_if_up_to_date(out, key)
+        if manifest:
+            _say(f"{out} is up to date: skipped")
+            return {**manifest, "skipped": True}
+        if not force and out.exists() and any(out.iterdir()) and not _built_here(out):
+            raise FileExistsError(f"{out} exists and was not built by build_towers (no manifest.json of ours): "
+                                  "refusing to replace it; pass --force (force=True) to replace it")
+        t0 = time.perf_counter()
+        with atomic_folder(out) as tmp:
+            info = write(tmp)
+            manifest = _publish(tmp, key, **info, build_seconds=round(time.perf_counter() - t0, 2))
+    _say(f"wrote {out} in {manifest['build_seconds']} s")
+    return {**manifest, "skipped": False}
+
+
+def _n_params(model) -> dict:
+    total = sum(p.numel() for p in model.parameters())
+    emb = model.get_input_embeddings().weight.numel()
+    return {"parameters": total, "parameters_without_token_embeddings": total - emb}
+
+
+# ----------------------------------------------------------------------------------------------------
+# tiny
+
+def qwen3_embedding_like_tokenizer():
+    """The bert-base-chinese vocabulary behind a tokenizer that behaves like Qwen3-Embedding's: no BOS, the end
+    token ([SEP]) appended by the post-processor, left padding, pad [PAD], only input_ids + attention_mask."""
+    from tokenizers.processors import TemplateProcessing
+    from transformers import PreTrainedTokenizerFast
+
+    from care.models.tiny import chinese_tokenizer
+
+    bert = chinese_tokenizer()
+    backend = copy.deepcopy(bert.backend_tokenizer)
+    eos = "[SEP]"
+    backend.post_processor = TemplateProcessing(single=f"$A:0 {eos}:0", pair=f"$A:0 {eos}:0 $B:1 {eos}:1",
+                                                special_tokens=[(eos, bert.convert_tokens_to_ids(eos))])
+    return PreTrainedTokenizerFast(tokenizer_object=backend, pad_token="[PAD]", eos_token=eos, unk_token="[UNK]",
+                                   padding_side="left", model_max_length=MAX_LENGTH,
+                                   model_input_names=["input_ids", "attention_mask"])
+
+
+def _tiny_key(seed: int, query: dict, document: dict) -> dict:
+    from care.models.tiny import chinese_vocab_file
+
+    # Seeded random weights depend on torch's generator and transformers' initialisers: both versions key it.
+    return {"builder_version": BUILDER_VERSION, "tool": "tiny", "seed": seed, "query": query, "document": document,
+            "vocab_sha256_16": file_digest(chinese_vocab_file()),
+            "torch": version("torch").split("+")[0], "transformers": version("transformers")}
+
+
+def build_tiny(out: str | Path, seed: int = 0, force: bool = False, query_hidden: int = TINY_QUERY["hidden"],
+               document_hidden: int = TINY_DOCUMENT["hidden"]) -> dict:
+    """OUT/query (tiny BERT, CLS pooling) and OUT/document (tiny Qwen3, last-token pooling); returns the manifest
+    with `skipped` added."""
+    if document_hidden < query_hidden:
+        raise ValueError(f"the document tower ({document_hidden}) must be at least as wide as the query tower "
+                         f"({query_hidden}): its vector is cut to the query width")
+    query, document = {**TINY_QUERY, "hidden": query_hidden}, {**TINY_DOCUMENT, "hidden": document_hidden}
+    out = Path(out).resolve()
+
+    def write(tmp: Path) -> dict:
+        from care.models.tiny import tiny_bert, tiny_qwen3
+
+        q_model, q_tok = tiny_bert(hidden=query["hidden"], layers=query["layers"], heads=query["heads"], seed=seed)
+        q_tok.model_max_length = MAX_LENGTH
+        d_model, _ = tiny_qwen3(hidden=document["hidden"], layers=document["layers"], heads=document["heads"],
+                                seed=seed)
+        d_tok = qwen3_embedding_like_tokenizer()
+        assert d_model.config.pad_token_id == d_tok.pad_token_id
+        towers = {
+            "query": (q_model, q_tok, {"pooling": "cls", "padding_side": q_tok.padding_side}),
+            "document": (d_model, d_tok, {
+                "pooling": "last_token", "padding_side": "left",
+                "tokenizer": {"appended_token": d_tok.eos_token, "appended_token_id": d_tok.eos_token_id,
+                              "appended_by": "tokenizer.json post-processor (add_special_tokens=True)",
+                              "bos_token": None, "pad_token": d_tok.pad_token, "pad_token_id": d_tok.pad_token_id,
+                              "eos_token_attribute_is_appended_token": True,
+                              "real_qwen3_embedding": QWEN3_EMBEDDING_TOKENIZER}}),
+        }
+        info = {}
+        for role, (model, tok, extra) in towers.items():
+            folder = tmp / role
+            model.save_pretrained(folder)
+            tok.save_pretrained(folder)
+            tower = {"role": role, "model_type": model.config.model_type, "hidden": model.config.hidden_size,
+                     "layers": model.config.num_hidden_layers, **_n_params(model), **extra}
+            write_json(folder / "manifest.json", {"built_by": "care.tools.build_towers tiny", "seed": seed, **tower})
+            info[role] = tower
+        return info
+
+    return _locked_build(out, _tiny_key(seed, query, document), force, write)
+
+
+# ----------------------------------------------------------------------------------------------------
+# cut
+
+TOKENIZER_FILES = re.compile(r"^(tokenizer(_config)?\.json|special_tokens_map\.json|added_tokens\.json|vocab\.(txt|json)|"
+                             r"merges\.txt|.*\.model)$")
+
+
+def default_source() -> Path:
+    from care.tools.build_me5 import default_out
+
+    return default_out()
+
+
+def _load_bert_family(folder: Path):
+    from transformers import AutoConfig, AutoModel
+
+    from care.models.hub import POOLER_FAMILIES
+
+    config = AutoConfig.from_pretrained(folder)
+    if config.model_type not in POOLER_FAMILIES or not hasattr(config, "num_hidden_layers"):
+        raise ValueError(f"{folder} is a {config.model_type!r} model; cut takes a BertModel-family folder "
+                         f"({', '.join(POOLER_FAMILIES)})")
+    return AutoModel.from_pretrained(folder, dtype="auto", add_pooling_layer=False)
+
+
+def build_cut(source: str | Path | None, out: str | Path, layers: int, force: bool = False) -> dict:
+    """OUT = SOURCE's embeddings + transformer layers 0..layers-1 (num_hidden_layers=layers) and its tokenizer."""
+    from care.models.hub import weights_digest
+
+    source = Path(source or default_source()).resolve()
+    if not (source / "config.json").is_file():
+        if source == default_source().resolve():
+            from care.tools import build_me5
+
+            build_me5.build(source)
+        else:
+            raise FileNotFoundError(f"{source} is not a Hugging Face model folder (no config.json)")
+    full = json.loads((source / "config.json").read_text(encoding="utf-8")).get("num_hidden_layers")
+    if isinstance(layers, bool) or not isinstance(layers, int) or not isinstance(full, int) or not 1 <= layers <= full:
+        raise ValueError(f"--layers must be an integer from 1 to {full} (the layers {source.name} has), "
+                         f"got {layers!r}")
+    out = Path(out).resolve()
+    if out == source:
+        raise ValueError(f"cut would overwrite its source {source}")
+    key = {"builder_version": BUILDER_VERSION, "tool": "cut", "source_digest": weights_digest(source),
+           "layers": layers}
+
+    def write(tmp: Path) -> dict:
+        from transformers import AutoTokenizer
+
+        model = _load_bert_family(source)
+        model.encoder.layer = model.encoder.layer[:layers]
+        model.config.num_hidden_layers = layers
+        model.save_pretrained(tmp)
+        copied = sorted(f.name for f in source.iterdir() if f.is_file() and TOKENIZER_FILES.match(f.name))
+        if "tokenizer.json" not in copied:
+            raise FileNotFoundError(f"{source} has no tokenizer.json (a fast tokenizer) to copy")
+        for name in copied:
+            shutil.copy2(source / name, tmp / name)
+        probe = "癫痫患者可以正常怀孕吗？"
+        # fix_mistral_regex=False: transformers 4.57.6 warns about it for any local folder whose config says
+        # 4.57.3-4.x (a spurious warning: nothing is changed); saying so keeps the build's output clean.
+        ids = [AutoTokenizer.from_pretrained(f, fix_mistral_regex=False)(probe)["input_ids"] for f in (tmp, source)]
+        if ids[0] != ids[1]:
+            raise RuntimeError(f"the tokenizer copied into {out} tokenizes differently from {source}'s")
+        return {"source": str(source), "source_layers": full, "layers": layers, "tokenizer_files": copied,
+                "hidden": model.config.hidden_size, **_n_params(model)}
+
+    return _locked_build(out, key, force, write)
+
+
+# ----------------------------------------------------------------------------------------------------
+# registry hook
+
+def ensure_towers(spec: Mapping) -> None:
+    """Build the folder a model config points at when it is missing (a no-op when it is up to date).
+
+    `spec` names the builder and its arguments, as the command line does:
+        {"tool": "tiny", "out": PATH}                                   (optional: "seed")
+            -> PATH/query and PATH/document
+        {"tool": "cut", "source": PATH, "layers": N, "out": PATH}       ("source" may be left out: me5)
+    """
+    spec = dict(spec)
+    tool, out = spec.pop("tool", None), spec.pop("out", None)
+    allowed = {"tiny": {"seed"}, "cut": {"source", "layers"}}
+    if tool not in allowed:
+        raise ValueError(f"tower spec 'tool' must be 'tiny' or 'cut', got {tool!r}")
+    if out is None:
+        raise ValueError(f"tower spec for {tool!r} needs 'out'")
+    if unknown := set(spec) - allowed[tool]:
+        raise ValueError(f"tower spec for {tool!r} has unknown keys {sorted(unknown)}")
+    if tool == "tiny":
+        build_tiny(out, **spec)
+    elif "layers" not in spec:
+        raise ValueError("tower spec for 'cut' needs 'layers'")
+    else:
+        build_cut(spec.get("source"), out, layers=spec["layers"])
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = ap.add_subparsers(dest="tool", required=True)
+    tiny = sub.add_parser("tiny", help="OUT/query (tiny BERT) and OUT/document (tiny Qwen3)")
+    tiny.add_argument("out", type=Path)
+    tiny.add_argument("--seed", type=int, default=0)
+    cut = sub.add_parser("cut", help="a BertModel-family folder cut to its first N layers")
+    cut.add_argument("source", type=Path)
+    cut.add_argument("out", type=Path)
+    cut.add_argument("--layers", type=int, required=True)
+    for p in (tiny, cut):
+        p.add_argument("--force", action="store_true", help="rebuild even when OUT is up to date")
+    a = ap.parse_args(argv)
+    try:
+        if a.tool == "tiny":
+            build_tiny(a.out, seed=a.seed, force=a.force)
+        else:
+            build_cut(a.source, a.out, layers=a.layers, force=a.force)
+    except (ValueError, FileNotFoundError, FileExistsError) as e:
+        ap.exit(2, f"build_towers {a.tool}: error: {e}\n")
+
+
+if __name__ == "__main__":
+    main()
