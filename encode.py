@@ -16,7 +16,6 @@ since a plain Accelerator() under torchrun runs each rank alone (docs/facts.md s
 """
 from __future__ import annotations
 
-import sys
 import time
 from dataclasses import dataclass
 from datetime import timedelta
@@ -27,8 +26,8 @@ from omegaconf import DictConfig, OmegaConf
 from tqdm.auto import tqdm
 
 import care  # noqa: F401  (registers the ${paths:...} resolver)
-from care.config import CONF_DIR
-from care.data.io import DataError, read_text_store
+from care.config import CONF_DIR, run_reporting_bad_input
+from care.data.io import read_text_store
 from care.encoders import Encoder, build_encoder, detect
 from care.encoders.cache import EmbeddingCache
 from care.evaluation import corpora
@@ -197,11 +196,7 @@ def summary(stats: dict) -> str:
 
 @hydra.main(config_path=str(CONF_DIR), config_name="encode", version_base="1.3")
 def main(cfg: DictConfig) -> None:
-    try:
-        encode(cfg)
-    except (DataError, FileNotFoundError, ValueError, KeyError, FloatingPointError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        sys.exit(1)
+    run_reporting_bad_input(encode, cfg)
 
 
 if __name__ == "__main__":

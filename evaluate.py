@@ -15,7 +15,6 @@ from __future__ import annotations
 import gc
 import os
 import re
-import sys
 import time
 from pathlib import Path
 
@@ -23,8 +22,8 @@ import hydra
 from omegaconf import DictConfig, OmegaConf
 
 import care  # noqa: F401  (registers the ${paths:...} resolver)
-from care.config import CONF_DIR
-from care.data.io import DataError, write_json
+from care.config import CONF_DIR, run_reporting_bad_input
+from care.data.io import write_json
 from care.encoders import build_encoder, detect
 from care.encoders.cache import EmbeddingCache
 from care.evaluation import corpora, efficiency
@@ -213,11 +212,7 @@ def evaluate(cfg: DictConfig | dict) -> dict:
 
 @hydra.main(config_path=str(CONF_DIR), config_name="evaluate", version_base="1.3")
 def main(cfg: DictConfig) -> None:
-    try:
-        evaluate(cfg)
-    except (DataError, FileNotFoundError, ValueError, KeyError, FloatingPointError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        sys.exit(1)
+    run_reporting_bad_input(evaluate, cfg)
 
 
 if __name__ == "__main__":

@@ -114,3 +114,11 @@ def test_a_scorer_may_serve_only_the_frozen_side_from_the_cache(tmp_path):
         both = TwoTowers(1, 1)  # by default both sides are cached (evaluation): the query once, then never
         EncoderScorer(both, cache, show_progress=False).prepare(["头痛"], ["发烧吃什么药"])
         assert both.seen == seen
+
+
+def test_evaluation_caps_each_towers_token_limit():
+    from care.evaluation.corpora import evaluation_model
+
+    two = evaluation_model({"kind": "care", "query": {"max_length": 512}, "document": {"max_length": 128}}, 256)
+    assert (two["query"]["max_length"], two["document"]["max_length"]) == (256, 128) and "max_length" not in two
+    assert evaluation_model({"kind": "dense", "max_length": 512}, 256)["max_length"] == 256

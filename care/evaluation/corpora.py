@@ -55,10 +55,17 @@ def document_texts(loaded: list[tuple[Benchmark, list[tuple[TaskSpec, TaskData]]
 
 
 def evaluation_model(model: dict, max_length: int | None) -> dict:
-    """The model config evaluation builds its encoder from: the model's own token limit, capped at
-    `max_length` when given (evaluate.yaml's `max_length`).  The limit is part of a side's fingerprint, so
+    """The model config evaluation builds its encoder from: the model's own token limit (each tower's, for
+    two towers), capped at `max_length` when given (evaluate.yaml's `max_length`).  The limit is part of a side's fingerprint, so
     encode.py must cap it the same way for evaluation to find its vectors."""
     model = dict(model)
-    if max_length:
-        model["max_length"] = min(int(model.get("max_length", 512)), int(max_length))
+    if not max_length:
+        return model
+    if "query" in model and "document" in model:  # two towers: each has its own limit (care.models.towers)
+        for side in ("query", "document"):
+            tower = dict(model[side])
+            tower["max_length"] = min(int(tower.get("max_length", 512)), int(max_length))
+            model[side] = tower
+        return model
+    model["max_length"] = min(int(model.get("max_length", 512)), int(max_length))
     return model
