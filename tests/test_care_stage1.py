@@ -12,7 +12,8 @@ from _care_helpers import root, tiny, tower_calls, train_overrides  # noqa: F401
 
 from care.config import load_config
 from care.data.io import read_jsonl
-from care.encoders.cache import EmbeddingCache, embed
+from care.encoders.cache import EmbeddingCache
+from care.retrieval.scorer import EncoderScorer
 from care.training.care_family import CAREFamily
 from care.training.care_recipe import stage_config
 from care.training.trainer import Trainer
@@ -67,7 +68,8 @@ def test_stage1_freezes_the_document_tower_and_never_runs_it_in_the_loop(root, t
 
 def test_stage1_validation_encodes_queries_afresh(root, tiny, tmp_path, monkeypatch):
     """The query tower trains under the fingerprint of its start folder: a cached query vector would be stale
-    at the next validation.  Stage I's cache serves the frozen document side only."""
+    at the next validation.  Validation's scorer takes only the frozen document side from stage I's cache
+    (care.training.validation.Validator: cached_sides=("document",))."""
     monkeypatch.setenv("CARE_CACHE", str(tmp_path / "cache"))
     cfg = load_config("train", train_overrides(root, tmp_path / "run", f"model.query.path={tiny / 'query'}",
                                                f"model.document.path={tiny / 'document'}"))
@@ -75,18 +77,18 @@ def test_stage1_validation_encodes_queries_afresh(root, tiny, tmp_path, monkeypa
     encoder = family.encoder([family.query_module, family.document_module], None)
     texts = ["癫痫病人可以怀孕吗", "头痛发烧怎么办"]
 
-    def both(cache):
-        return (embed(encoder, texts, "query", cache, show_progress=False).dense,
-                embed(encoder, texts, "document", cache, show_progress=False).dense)
+    def both(cache, sides=("document",)):
+        scorer = EncoderScorer(encoder, cache, cached_sides=sides, show_progress=False)
+        return scorer.embed(texts, "query").dense, scorer.embed(texts, "document").dense
 
     plain = EmbeddingCache(tmp_path / "plain")
     q0, d0 = both(family.cache)
-    p0, _ = both(plain)
+    p0, _ = both(plain, ("query", "document"))
     with torch.no_grad():  # a training step's worth of change
         for p in family.query_module.parameters():
             p.add_(0.05 * torch.randn_like(p))
     hits = family.cache.hits
     q1, d1 = both(family.cache)
     assert np.abs(q1 - q0).max() > 1e-4 and np.array_equal(d1, d0) and family.cache.hits == hits + len(texts)
-    p1, _ = both(plain)
+    p1, _ = both(plain, ("query", "document"))
     assert np.array_equal(p1, p0)  # the control: an ordinary cache serves the stale query vectors

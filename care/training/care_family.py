@@ -57,18 +57,6 @@ class CachedDocuments(nn.Module):
         return {"dense": self.table[rows]}
 
 
-class DocumentSideCache(EmbeddingCache):
-    """The embedding cache of stage I, for the document side only.  The query tower trains while its
-    fingerprint stays the start folder's, so cached query vectors would be stale at the next validation
-    (and, on disk, wrong for the start tower itself): query texts are always encoded afresh."""
-
-    def get(self, fingerprint, side, heads, texts, encode):
-        if side != "document":
-            self.misses += len(texts)
-            return encode(list(texts))
-        return super().get(fingerprint, side, heads, texts, encode)
-
-
 class CAREFamily:
     def __init__(self, cfg: DictConfig):
         m, t = OmegaConf.to_container(cfg.model, resolve=True), cfg.trainer
@@ -85,7 +73,7 @@ class CAREFamily:
             query.gradient_checkpointing_enable()
         if self.stage == "stage1":
             document.requires_grad_(False).eval()
-            self.cache = DocumentSideCache()
+            self.cache = EmbeddingCache()  # document side only: validation encodes queries afresh
             texts = list(dict.fromkeys(read_text_store(cfg.data.texts).values()))
             state = PartialState()  # this process's accelerator device (the towers are still on the CPU)
             with state.main_process_first():  # one process encodes; the others then read its cache

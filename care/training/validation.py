@@ -94,7 +94,7 @@ class Validator:
 
     def __call__(self, encoder: Encoder) -> float:
         # only the frozen document side may come from the cache: the query side is the model being trained
-        scorer = EncoderScorer(encoder, self.cache, cached_sides=("document",), batch_size=self.batch_size, heads=self.heads,
-                               hybrid_weights=dict.fromkeys(self.heads, 1.0), show_progress=False)
+        scorer = EncoderScorer(encoder, self.cache, cached_sides=("document",), batch_size=self.batch_size,
+                               heads=self.heads, hybrid_weights=dict.fromkeys(self.heads, 1.0), show_progress=False)
         method = self.heads[0] if len(self.heads) == 1 else "hybrid"
         return run_reranking(self.data, scorer, [self.metric])[method][self.metric]
