@@ -50,6 +50,7 @@ def stage_config(cfg: DictConfig, stage: str, run_dir: Path) -> DictConfig:
         c.trainer = OmegaConf.merge(c.trainer, NEUTRAL, spec.get("trainer") or {})
         c.loss = spec.loss
         c.model.current_stage = stage
+        c.model.stages = {stage: spec}  # a stage's config (and hash) never depends on another stage's settings
         c.output_dir = str(run_dir / stage)
         c.run_name = f"{cfg.run_name}-{stage}"
         if stage == "stage1":

@@ -204,7 +204,8 @@ class Trainer:
                                                   "examples_per_s": t.batch_size * acc.num_processes / elapsed,
                                                   "memory_mb": memory_mb()})
                 bar.update(1)
-                if self.stopper and self.step % self.cfg.validation.every_steps == 0:
+                # the last step too: the best-of choice must see the last weights (every_steps may not divide it)
+                if self.stopper and (self.step % self.cfg.validation.every_steps == 0 or self.step == self.total_steps):
                     self.validate()
                 if self.step >= self.total_steps:
                     self.stop_reason = self.stop_reason or "completed"
