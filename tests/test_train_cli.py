@@ -40,7 +40,7 @@ def test_main_returns_the_best_validation_metric(tmp_path, shared):
 def test_the_last_step_is_validated_when_every_steps_does_not_divide_it(tmp_path, shared):
     """Otherwise final/ (the best by validation) could never be the trained weights: a 20-step stage with
     validation every 60 steps once kept its step-0 weights."""
-    texts, train = make_training_files(tmp_path, shared, n_questions=16)
+    texts, train = make_training_files(tmp_path, shared, n_questions=32)  # 4 steps an epoch
     cfg = train_config(tmp_path, texts, train, "run", f"validation.task={tmp_path / 'dev.jsonl'}",
                        "validation.max_queries=3", "validation.every_steps=2", "trainer.max_steps=3")
     train_main()(cfg)
