@@ -92,3 +92,23 @@ def test_stage1_validation_encodes_queries_afresh(root, tiny, tmp_path, monkeypa
     assert np.abs(q1 - q0).max() > 1e-4 and np.array_equal(d1, d0) and family.cache.hits == hits + len(texts)
     p1, _ = both(plain, ("query", "document"))
     assert np.array_equal(p1, p0)  # the control: an ordinary cache serves the stale query vectors
+
+
+def test_stage1_extra_texts_join_the_training_texts_and_a_missing_one_is_named(root, tmp_path):
+    """Stage I's same-text pairs: every training text plus a seeded sample of `extra_texts`; a missing extra
+    store says which command writes it."""
+    extra = tmp_path / "unlabelled.jsonl"
+    extra.write_text("".join(f'{{"id": "u{i}", "text": "未标注的医学文本{i}"}}\n' for i in range(10)), encoding="utf-8")
+    cfg = load_config("train", train_overrides(root, tmp_path / "run", f"model.stages.stage1.extra_texts=[{extra}]",
+                                               "model.stages.stage1.extra_texts_max=4"))
+    c = stage_config(cfg, "stage1", tmp_path / "run")
+    texts = [r["text"] for r in read_jsonl(c.data.texts)]
+    training = [r["text"] for r in read_jsonl(root / "texts.jsonl")]
+    assert texts[:len(training)] == list(dict.fromkeys(training)) and len(texts) == len(set(training)) + 4
+    assert all(t.startswith("未标注") for t in texts[len(training):])
+    examples = list(read_jsonl(c.data.examples))
+    assert all(e["pos_ids"] == [e["query_id"]] for e in examples) and len(examples) == len(texts)
+    missing = load_config("train", train_overrides(root, tmp_path / "run2",
+                                                   f"model.stages.stage1.extra_texts=[{tmp_path / 'none.jsonl'}]"))
+    with pytest.raises(FileNotFoundError, match="extra_texts names .*none.jsonl.*build stage"):
+        stage_config(missing, "stage1", tmp_path / "run2")

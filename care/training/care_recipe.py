@@ -20,6 +20,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 from care.data.io import atomic_folder, read_text_store, write_json, write_jsonl
 from care.encoders.registry import TRAINING_RECORD, ensure_towers
 from care.training.checkpoint import AlreadyFinished
+from care.training.data import require_training_files
 from care.training.trainer import Trainer
 
 STAGES = ("stage1", "stage2")
@@ -31,9 +32,15 @@ def same_text_pairs(training: str, extra: list[str], out: Path, max_extra: int |
                     seed: int = 0) -> tuple[Path, Path]:
     """texts.jsonl + train.jsonl of one example per distinct text (the text is its own positive): every
     training text, plus up to `max_extra` texts of the `extra` stores (a seeded sample, in store order)."""
-    texts = {text: tid for tid, text in reversed(read_text_store(training).items())}
-    pool = [(tid, text) for store in extra for tid, text in read_text_store(store).items() if text not in texts]
-    pool = list({text: tid for tid, text in reversed(pool)}.items())[::-1]  # one id per text, first kept
+    texts: dict[str, str] = {}  # text -> the first id it came with, in store order
+    for tid, text in read_text_store(training).items():
+        texts.setdefault(text, tid)
+    extras: dict[str, str] = {}
+    for store in extra:
+        for tid, text in read_text_store(store).items():
+            if text not in texts:
+                extras.setdefault(text, tid)
+    pool = list(extras.items())
     if max_extra is not None and len(pool) > max_extra:
         keep = sorted(random.Random(seed).sample(range(len(pool)), max_extra))
         pool = [pool[i] for i in keep]
@@ -54,6 +61,13 @@ def stage_config(cfg: DictConfig, stage: str, run_dir: Path) -> DictConfig:
         c.output_dir = str(run_dir / stage)
         c.run_name = f"{cfg.run_name}-{stage}"
         if stage == "stage1":
+            require_training_files(cfg.data.texts, cfg.data.examples)
+            for extra in spec.get("extra_texts") or []:
+                if not Path(extra).exists():
+                    raise FileNotFoundError(
+                        f"model.stages.stage1.extra_texts names {extra}, which does not exist: the build stage of "
+                        f"`python -m data_pipeline` writes unlabelled_texts.jsonl; or pass "
+                        f"model.stages.stage1.extra_texts=[] to align the training texts only")
             files = same_text_pairs(cfg.data.texts, list(spec.get("extra_texts") or []), run_dir / "stage1-data",
                                     spec.get("extra_texts_max"), cfg.seed)
             c.data.texts, c.data.examples = (str(p) for p in files)
