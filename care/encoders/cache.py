@@ -102,14 +102,11 @@ class EmbeddingCache:
         self.enabled = enabled
         self.hits = self.misses = 0  # texts served from disk / encoded, for reports and benches
 
-    def _dir(self, fingerprint: str, side: str, heads: Sequence[str]) -> Path:
+    def folder(self, fingerprint: str, side: str, heads: Sequence[str]) -> Path:
+        """Where the chunks of one encoder side and set of heads live."""
         if side not in SIDE_DIRS:
             raise ValueError(f"side must be one of {tuple(SIDE_DIRS)}, got {side!r}")
         return self.root / fingerprint / f"{SIDE_DIRS[side]}-{'+'.join(heads)}"
-
-    def folder(self, fingerprint: str, side: str, heads: Sequence[str]) -> Path:
-        """Where the chunks of one encoder side and set of heads live."""
-        return self._dir(fingerprint, side, tuple(heads))
 
     @staticmethod
     def _read(path: Path, fingerprint: str, names: Sequence[str] | None = None) -> dict | None:
@@ -155,7 +152,7 @@ class EmbeddingCache:
     def chunk_path(self, fingerprint: str, side: str, heads: Sequence[str], texts: Sequence[str]) -> Path:
         """The file holding exactly `texts` (duplicates once) as one chunk: the one `get` reads for that list."""
         unique = list(dict.fromkeys(text_key(t) for t in texts))
-        return self._dir(fingerprint, side, tuple(heads)) / f"{list_hash(unique)}.npz"
+        return self.folder(fingerprint, side, tuple(heads)) / f"{list_hash(unique)}.npz"
 
     def has_chunk(self, fingerprint: str, side: str, heads: Sequence[str], texts: Sequence[str]) -> bool:
         """Whether `texts` are stored, whole, as one readable chunk (ForeignChunkError when another
@@ -177,7 +174,7 @@ class EmbeddingCache:
 
     def check_folder(self, fingerprint: str, side: str, heads: Sequence[str]) -> int:
         """Refuse (ForeignChunkError) a folder holding any chunk another encoder wrote; the number of chunks."""
-        folder = self._dir(fingerprint, side, tuple(heads))
+        folder = self.folder(fingerprint, side, tuple(heads))
         paths = sorted(folder.glob("*.npz"))
         for path in paths:
             self._read(path, fingerprint, [])
@@ -193,7 +190,7 @@ class EmbeddingCache:
             return encode(list(texts))
         keys = [text_key(t) for t in texts]
         unique = list(dict.fromkeys(keys))
-        folder = self._dir(fingerprint, side, heads)
+        folder = self.folder(fingerprint, side, heads)
 
         where = self._locate(folder, folder / f"{list_hash(unique)}.npz", fingerprint)
         chunks: dict[Path, dict] = {}

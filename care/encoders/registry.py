@@ -15,6 +15,7 @@ from pathlib import Path
 from omegaconf import DictConfig, OmegaConf
 
 from care.encoders.base import Encoder
+from care.encoders.prompts import Prompts
 from care.models.m3 import HEAD_FILES
 
 TRAINING_RECORD = "care_training.json"  # written by the trainer beside every model it saves
@@ -24,8 +25,8 @@ def build_encoder(cfg: DictConfig | dict, device: str | None = None) -> Encoder:
     c = OmegaConf.to_container(cfg, resolve=True) if isinstance(cfg, DictConfig) else dict(cfg)
     kind = c.get("kind", "dense")
     common = {"name": c.get("name", kind), "pooling": c.get("pooling", "cls"),
-                  "query_prefix": c.get("query_prefix", ""), "doc_prefix": c.get("doc_prefix", ""),
-                  "max_length": c.get("max_length", 512), "device": device, "build_hint": c.get("build_hint", "")}
+              "query_prefix": c.get("query_prefix", ""), "doc_prefix": c.get("doc_prefix", ""),
+              "max_length": c.get("max_length", 512), "device": device, "build_hint": c.get("build_hint", "")}
     if kind == "dense":
         from care.encoders.dense import HFDenseEncoder
 
@@ -37,12 +38,10 @@ def build_encoder(cfg: DictConfig | dict, device: str | None = None) -> Encoder:
         return M3Encoder(str(c["path"]), **common)
     if kind == "care":
         from care.encoders.care import CAREEncoder
-        from care.encoders.prompts import Prompts
 
         ensure_towers(c)
-        prompts = Prompts(c["query"].get("prompt", ""), c["document"].get("prompt", ""), c.get("instructions") or {})
         return CAREEncoder(tower_config(c["query"]), tower_config(c["document"]), name=c.get("name", kind),
-                           prompts=prompts, device=device)
+                           prompts=tower_prompts(c), device=device)
     raise ValueError(f"unknown model kind '{kind}' in model config (choose dense, m3 or care)")
 
 
@@ -51,6 +50,11 @@ TOWER_ONLY = ("prompt", "build")  # keys of a tower config that are not the towe
 
 def tower_config(c: dict) -> dict:
     return {k: v for k, v in c.items() if k not in TOWER_ONLY}
+
+
+def tower_prompts(c: dict) -> Prompts:
+    """A two-tower config's prompts: each tower's `prompt`, the query side's `instructions` per task type."""
+    return Prompts(c["query"].get("prompt", ""), c["document"].get("prompt", ""), c.get("instructions") or {})
 
 
 def ensure_towers(c: dict) -> None:

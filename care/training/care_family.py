@@ -26,8 +26,7 @@ from torch import nn
 from care.data.io import read_text_store
 from care.encoders.cache import EmbeddingCache, embed
 from care.encoders.care import CAREEncoder
-from care.encoders.prompts import Prompts
-from care.encoders.registry import ensure_towers, tower_config
+from care.encoders.registry import ensure_towers, tower_config, tower_prompts
 from care.models.towers import Tower, care_towers
 from care.training.model import freeze, training_dtype
 
@@ -64,7 +63,7 @@ class CAREFamily:
         if self.stage not in STAGES:
             raise ValueError(f"model.current_stage={self.stage!r}: choose one of {', '.join(STAGES)}")
         ensure_towers(m)
-        self.prompts = Prompts(m["query"].get("prompt", ""), m["document"].get("prompt", ""), m.get("instructions") or {})
+        self.prompts = tower_prompts(m)
         self.task = m.get("train_task", "retrieval")
         query, document = care_towers(tower_config(m["query"]), tower_config(m["document"]), training_dtype(t.get("dtype")))
         freeze(query, t.freeze)

@@ -19,11 +19,11 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 
 from care.data.io import atomic_folder, read_text_store, write_json, write_jsonl
 from care.encoders.registry import TRAINING_RECORD, ensure_towers
+from care.training.care_family import STAGES
 from care.training.checkpoint import AlreadyFinished
 from care.training.data import require_training_files
 from care.training.trainer import Trainer
 
-STAGES = ("stage1", "stage2")
 # The M3 recipe's knobs that mean nothing for two towers: neutral in every CARE stage.
 NEUTRAL = {"merge_with_start": None, "query_side_pools": []}
 
@@ -103,7 +103,9 @@ def run_care(cfg: DictConfig) -> dict:
         gc.collect()
     last = run_dir / stages[-1] / "final"
     record = json.loads((last / TRAINING_RECORD).read_text(encoding="utf-8"))
-    if os.environ.get("RANK", "0") == "0":  # one process writes it (two would race on the folder swap)
+    # one process writes it (two would race on the folder swap); by the launcher's RANK, since the last
+    # stage's end_training has already torn down accelerate's process group
+    if os.environ.get("RANK", "0") == "0":
         with atomic_folder(run_dir / "final") as tmp:  # names the last stage's model; copies no weights
             write_json(tmp / TRAINING_RECORD, {**record, "stages": {s: str(run_dir / s / "final") for s in stages}})
     best = summaries[stages[-1]].get("best_metric")

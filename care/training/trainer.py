@@ -82,7 +82,7 @@ class Trainer:
         towers = [m for m in (self.family.query_module, self.family.document_module) if m is not None]
         # Only modules with trainable weights are prepared (DDP refuses a module with nothing to train); a
         # frozen one (CARE stage I's cached document vectors) just moves to the device.
-        trainable = trainable_flags(towers)
+        self.trainable = trainable = trainable_flags(towers)
         self.sampler = EpochSampler(len(self.data), cfg.seed)
         # The loader draws its worker seeds from its own generator, never from the global RNG, so building
         # an iterator (every epoch, and on resume) leaves dropout's random stream untouched.
@@ -163,7 +163,7 @@ class Trainer:
         sides = ["query" if pool in self.query_side_pools else "document" for pool in batch["passage_pools"]]
         passages = self._tokenize(batch["passages"], sides, t.passage_max_length)
         query_model, passage_model = self.towers[0], self.towers[-1]
-        for m, k in zip(self.towers, trainable_flags(self.towers)):
+        for m, k in zip(self.towers, self.trainable):
             m.train(k)
         if self.gradcache:
             losses = self.gradcache.step(query_model, queries, passages, passage_model=passage_model)
