@@ -122,3 +122,23 @@ def test_evaluation_caps_each_towers_token_limit():
     two = evaluation_model({"kind": "care", "query": {"max_length": 512}, "document": {"max_length": 128}}, 256)
     assert (two["query"]["max_length"], two["document"]["max_length"]) == (256, 128) and "max_length" not in two
     assert evaluation_model({"kind": "dense", "max_length": 512}, 256)["max_length"] == 256
+
+
+def test_validation_takes_only_documents_from_the_cache(tmp_path):
+    """care.training.validation.Validator with a cache (CARE stage I): the trained query side is encoded at
+    every validation, the frozen document side once."""
+    import json
+
+    from omegaconf import OmegaConf
+
+    from care.training.validation import Validator
+
+    dev = tmp_path / "dev.jsonl"
+    dev.write_text(json.dumps({"query": "头痛怎么办", "positive": ["多休息"], "negative": ["发烧吃药"]},
+                              ensure_ascii=False) + "\n", encoding="utf-8")
+    v = OmegaConf.create({"task": str(dev), "build_from": None, "metric": "map_cut_10", "heads": ["dense"],
+                          "max_queries": None, "batch_size": 8})
+    validator, enc = Validator(v, EmbeddingCache(tmp_path / "cache")), TwoTowers(1, 1)
+    for _ in range(2):
+        validator(enc)
+    assert len(enc.seen["query"]) == 2 and len(enc.seen["document"]) == 2  # the two candidates, once
