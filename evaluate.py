@@ -27,8 +27,7 @@ from care.data.io import write_json
 from care.encoders import build_encoder, detect
 from care.encoders.cache import EmbeddingCache
 from care.evaluation import corpora, efficiency
-from care.evaluation.benchmarks import average as benchmark_average
-from care.evaluation.benchmarks import run_task
+from care.evaluation.benchmarks import averages, run_task
 from care.evaluation.corpora import evaluation_model
 from care.evaluation.report import gains, write_summary
 from care.evaluation.significance import gain_interval
@@ -151,17 +150,16 @@ def evaluate_model(entry: dict, scorer, loaded: list[tuple], cfg: dict, out: Pat
                 for m in spec.metrics:
                     scores[f"{bench.name}/{spec.key}/{m}"] = 100 * per_method[method][m]
                     cell_items[f"{bench.name}/{spec.key}/{m}"] = _cell_items(items.get(method), m)
-        avg = benchmark_average(bench, primary)
-        if avg is not None:
-            scores[f"{bench.name}/avg"] = avg
+        for key, value in averages(bench, primary).items():
+            scores[f"{bench.name}/{key}"] = value
     return {"name": entry["name"], "label": entry["label"], "fingerprint": scorer.fingerprint,
             "baseline": bool(entry.get("baseline")), "scores": scores, "methods": details, "items": cell_items}
 
 
-def gain_intervals(rows: list[dict], seed: int = 0) -> None:
+def gain_intervals(rows: list[dict], seed: int = 0, over: str | None = None) -> None:
     """Each gain row's paired-bootstrap 95% interval per table cell (care.evaluation.significance), stored
     as row["gain"]; the per-item records are then dropped (they live in the per-task JSON files)."""
-    for row, reference in gains(rows):
+    for row, reference in gains(rows, over):
         row["gain"] = {"over": reference["name"], "intervals": {
             key: gain_interval(items, reference["items"].get(key), seed=seed) for key, items in row["items"].items()}}
     for row in rows:
@@ -172,10 +170,12 @@ def efficiency_texts(loaded: list[tuple], cfg: dict) -> tuple[list[str], list[st
     e = cfg["efficiency"]
     if not e.get("enabled", True) or not loaded:
         return None
-    for spec, data in loaded[0][1]:
-        if spec.key == e["task"] and data.queries:
-            return list(data.queries.values())[: e["queries"]], list(data.docs.values())[: e["docs"]]
-    return None
+    tasks = loaded[0][1]  # the named task, else the first retrieval task (a Nano benchmark names splits)
+    chosen = next((t for t in tasks if t[0].key == e["task"]), None) or next((t for t in tasks if t[0].type == "retrieval"), None)
+    if chosen is None or not chosen[1].queries:
+        return None
+    _, data = chosen
+    return list(data.queries.values())[: e["queries"]], list(data.docs.values())[: e["docs"]]
 
 
 def evaluate(cfg: DictConfig | dict) -> dict:
@@ -197,8 +197,8 @@ def evaluate(cfg: DictConfig | dict) -> dict:
         rows.append(row)
         del scorer
         gc.collect()
-    gain_intervals(rows, seed=cfg["seed"])
-    settings = {"max_length": cfg.get("max_length"), "batch_size": cfg["batch_size"], "depth": cfg["depth"],
+    gain_intervals(rows, seed=cfg["seed"], over=cfg.get("gain_over"))
+    settings = {"gain_over": cfg.get("gain_over"), "max_length": cfg.get("max_length"), "batch_size": cfg["batch_size"], "depth": cfg["depth"],
                 "table_method": cfg["table_method"], "cache": cfg["cache"]["enabled"],
                 "embeddings_encoded": cache.misses, "embeddings_from_cache": cache.hits,
                 "seconds": round(time.perf_counter() - start, 1),

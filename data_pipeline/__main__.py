@@ -23,6 +23,7 @@ STAGES = {
     "build": "data_pipeline.build",               # training examples, leakage rule against eval sets
     "mine": "data_pipeline.mining",               # FAISS hard negatives in the encoder's window
     "benchmarks": "data_pipeline.benchmarks",     # open stand-in evaluation task files
+    "nano": "data_pipeline.nano.stage",           # Nano-style splits: 200 queries, 10K docs, candidate lists
 }
 ORDER = list(STAGES)
 

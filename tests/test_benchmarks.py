@@ -11,7 +11,7 @@ from _evaluation_helpers import write_beir
 from care.config import load_config
 from care.data.io import DataError, write_jsonl
 from care.data.tasks import load_task
-from care.evaluation.benchmarks import average, load_benchmark, resolve_paths
+from care.evaluation.benchmarks import averages, load_benchmark, resolve_paths
 from care.evaluation.report import columns, write_summary
 
 # ---- bad input ---------------------------------------------------------------------------------------------
@@ -58,9 +58,9 @@ def test_benchmark_configs_compose_and_missing_paths_are_named():
 
     extra = load_benchmark(load_config("evaluate").extra_benchmark, "extra_benchmark")
     assert [t.key for t in resolve_paths(extra, "extra_benchmark")] == ["cmedqa2"]  # the optional one is skipped
-    assert average(open_bench, dict(zip([t.key for t in open_bench.tasks], [0.5, 0.6, 0.4, 0.7, 0.9]))) == \
-        pytest.approx(100 * (0.5 + 0.6 + 0.4 + 0.7 + 0.9) / 5)
-    assert average(open_bench, {"cmed_v1": 0.5}) is None
+    assert averages(open_bench, dict(zip([t.key for t in open_bench.tasks], [0.5, 0.6, 0.4, 0.7, 0.9]))) == \
+        {"avg": pytest.approx(100 * (0.5 + 0.6 + 0.4 + 0.7 + 0.9) / 5)}
+    assert averages(open_bench, {"cmed_v1": 0.5}) == {}
 
 
 def test_report_files_say_open_stand_in(tmp_path):

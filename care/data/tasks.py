@@ -7,6 +7,8 @@
                sets may add "positive_grades": [int >= 1, ...] beside "positive" (the gain nDCG gives each
                positive; negatives have gain 0); MAP, MRR and Hit stay binary (positive vs negative).
     sts        JSON Lines {"sentence1", "sentence2", "score"}
+    candidates a Nano split (care/data/nano.py, reader `nano`): each query's stored candidate list (e.g.
+               `reranking_hybrid`) is reranked; metrics count every positive, listed or not
 
 Files are read by the source readers (care.data.sources: one reader per format, errors name file, line
 and field).  The task runners (care.evaluation.tasks) score what `load_task` returns.
@@ -20,7 +22,7 @@ from care.data.io import DataError
 from care.data.records import Pair, QueryCandidates, Text
 from care.data.sources import read_source
 
-TYPES = ("retrieval", "reranking", "sts")
+TYPES = ("retrieval", "reranking", "sts", "candidates")
 DEFAULT_READER = {"retrieval": "beir", "reranking": "cmteb_reranking", "sts": "sts_jsonl"}
 
 
@@ -28,7 +30,8 @@ DEFAULT_READER = {"retrieval": "beir", "reranking": "cmteb_reranking", "sts": "s
 class TaskData:
     """A loaded task.  Retrieval and reranking: queries {id: text}, docs {id: text}, qrels
     {query id: {doc id: grade}} (for reranking the qrels keys are exactly each query's candidates).
-    STS: pairs [(text1, text2)] and gold scores."""
+    STS: pairs [(text1, text2)] and gold scores.  Candidates: also `candidates` {query id: [doc ids]} and
+    `safeguards` {query id: the doc a Nano builder appended at rank 101 (docs/nano.md s.8)}."""
 
     type: str
     path: str
@@ -38,6 +41,8 @@ class TaskData:
     pairs: list[tuple[str, str]] = field(default_factory=list)
     gold: list[float] = field(default_factory=list)
     counts: dict = field(default_factory=dict)
+    candidates: dict[str, list[str]] = field(default_factory=dict)
+    safeguards: dict[str, str] = field(default_factory=dict)
 
 
 def _grade(label, path: str, qid: str) -> int:
@@ -54,6 +59,8 @@ def load_task(kind: str, path: str | Path, split: str = "test", reader: str | No
     path = Path(path).expanduser().resolve()
     if not path.exists():
         raise FileNotFoundError(f"task {kind} file {path} does not exist")
+    if reader == "nano" or kind == "candidates":
+        return _load_nano(kind, path, split, reader_options or {})
     reader = reader or DEFAULT_READER[kind]
     folder = path.parent if path.is_file() else path
     opts = {"reader": reader, "path": folder.name, **(reader_options or {})}
@@ -95,6 +102,35 @@ def load_task(kind: str, path: str | Path, split: str = "test", reader: str | No
         data.docs = {d: texts[d].text for judged in data.qrels.values() for d in judged}
         if not data.qrels:
             raise DataError(path, None, "positive", "no query has both a positive and a negative candidate")
+    data.counts.update(queries=len(data.queries), docs=len(data.docs),
+                       judgements=sum(len(j) for j in data.qrels.values()))
+    return data
+
+
+def _load_nano(kind: str, path: Path, split: str, options: dict) -> TaskData:
+    """A Nano split as a retrieval task (its whole corpus) or a candidates task (one stored list per query).
+    Queries with no positive are dropped and counted, as mteb and HAKARI skip them."""
+    from care.data.nano import HYBRID, load_split
+
+    if kind not in ("retrieval", "candidates"):
+        raise ValueError(f"a Nano split is a retrieval or candidates task, not {kind!r}")
+    s = load_split(path, split)
+    queries = {q: t for q, t in s.queries.items() if s.qrels.get(q)}
+    data = TaskData(kind, str(path), queries=queries, docs=s.corpus, qrels={q: s.qrels[q] for q in queries},
+                    counts={"reader": "nano", "split": split, "skipped_no_positive": len(s.queries) - len(queries)})
+    if kind == "candidates":
+        config = options.get("candidates", HYBRID)
+        if config not in s.candidates:
+            raise FileNotFoundError(f"{path}: split {split} has no candidate config {config!r} "
+                                    f"(it has {', '.join(s.candidates) or 'none'})")
+        lists = s.candidates[config]
+        missing = [q for q in queries if q not in lists]
+        if missing:
+            raise DataError(path / config, None, "query-id", f"split {split}: {len(missing)} queries have no "
+                            f"candidate row, e.g. {missing[0]}")
+        data.candidates = {q: lists[q] for q in queries}
+        data.safeguards = {q: d for q, d in s.safeguards.items() if q in queries}
+        data.counts["candidates"] = config
     data.counts.update(queries=len(data.queries), docs=len(data.docs),
                        judgements=sum(len(j) for j in data.qrels.values()))
     return data

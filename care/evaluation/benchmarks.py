@@ -17,7 +17,9 @@
         primary: map_cut_10       # the number in the table
         depth: null               # retrieval: documents kept per query (default: evaluate.yaml `depth`)
         optional: false           # true: skipped when no path is given
+        average: null             # a slot task enters the benchmark's `avg`, or the mean column named here
         source: "..."             # where the data comes from, printed under the table
+    nano: {path: ...}             # instead of `tasks`: a Nano dataset's splits (care/evaluation/nano.py)
 """
 from __future__ import annotations
 
@@ -47,6 +49,7 @@ class TaskSpec:
     depth: int | None = None
     hub: str | None = None
     optional: bool = False
+    average: str | None = None
     source: str = ""
 
     @property
@@ -69,6 +72,10 @@ def load_benchmark(cfg: DictConfig | dict, override_prefix: str = "benchmark") -
     """Validate a benchmark config.  `override_prefix` is where it sits in the app config, for messages."""
     c = OmegaConf.to_container(cfg, resolve=True) if isinstance(cfg, DictConfig) else dict(cfg)
     name = c.get("name") or "benchmark"
+    if c.get("nano"):
+        from care.evaluation.nano import nano_tasks
+
+        c["tasks"] = {**nano_tasks(c["nano"], f"{override_prefix}.nano"), **(c.get("tasks") or {})}
     tasks = []
     for key, t in (c.get("tasks") or {}).items():
         where = f"{override_prefix}.tasks.{key}"
@@ -133,14 +140,27 @@ def run_task(spec: TaskSpec, data, scorer, depth: int = 1024, seed: int = 0, ite
     """Scores of every method of `scorer` on one loaded task (0-1 scale); `items` as the runners take it."""
     if spec.type == "retrieval":
         return RUNNERS["retrieval"](data, scorer, spec.metrics, depth=spec.depth or depth, seed=seed, items=items)
+    if spec.type == "candidates":
+        return RUNNERS["candidates"](data, scorer, spec.metrics, items=items,
+                                     safeguard=spec.reader_options.get("safeguard", True))
     return RUNNERS[spec.type](data, scorer, spec.metrics, items=items)
 
 
-def average(bench: Benchmark, primary_by_task: dict[str, float]) -> float | None:
-    """The benchmark's Avg (0-100) over its slot tasks, e.g. the CMedTEB Avg of the five slots: a plain mean of
+def average_groups(bench: Benchmark) -> dict[str, tuple[str, list[str]]]:
+    """{score key: (column title, slot task keys)}: the benchmark's Avg ("avg") over the slot tasks that name
+    no other mean, then each mean a task names (`average`, e.g. a Nano dataset's "Hybrid mean")."""
+    groups: dict[str, tuple[str, list[str]]] = {}
+    for t in bench.tasks:
+        if not t.slot or (t.average is None and not bench.avg):
+            continue
+        key, title = ("avg", bench.avg) if t.average is None else (f"avg/{t.average}", t.average)
+        groups.setdefault(key, (title, []))[1].append(t.key)
+    return groups
+
+
+def averages(bench: Benchmark, primary_by_task: dict[str, float]) -> dict[str, float]:
+    """Each mean column of the benchmark (0-100), e.g. the CMedTEB Avg of the five slots: a plain mean of
     MAP@10, MAP@10, nDCG@10, MAP@10 and Pearson (the paper's definition, mixing a correlation with ranking
-    metrics).  None when the benchmark has no Avg or a slot is missing."""
-    slots = [t.key for t in bench.tasks if t.slot]
-    if not bench.avg or not slots or any(k not in primary_by_task for k in slots):
-        return None
-    return 100 * sum(primary_by_task[k] for k in slots) / len(slots)
+    metrics).  A mean with a slot missing is left out."""
+    return {key: 100 * sum(primary_by_task[k] for k in keys) / len(keys)
+            for key, (_, keys) in average_groups(bench).items() if all(k in primary_by_task for k in keys)}

@@ -7,7 +7,7 @@ import re
 from pathlib import Path
 
 from care.data.io import atomic_open, save_figure, write_json
-from care.evaluation.benchmarks import Benchmark
+from care.evaluation.benchmarks import Benchmark, average_groups
 
 METRIC_LABELS = {"ndcg_cut": "nDCG@{}", "map_cut": "MAP@{}", "map_min_r": "MAP(min R)@{}", "mrr": "MRR@{}",
                  "success": "Hit@{}", "recall": "Recall@{}", "acc": "Acc@{}"}
@@ -30,12 +30,14 @@ def columns(benchmarks: list[Benchmark]) -> list[dict]:
     """Table columns in order: {"key" (the row field), "title", "benchmark"}."""
     cols = []
     for b in benchmarks:
-        for t in b.tasks:
-            if t.slot:
-                cols.append({"key": f"{b.name}/{t.key}", "title": f"{t.slot} {metric_label(t.primary)}", "benchmark": b.name,
-                             "slot": True})
-        if b.avg:
-            cols.append({"key": f"{b.name}/avg", "title": b.avg, "benchmark": b.name, "slot": True})
+        groups = average_groups(b)
+        grouped = {k for _, keys in groups.values() for k in keys}
+        slot = {t.key: t for t in b.tasks if t.slot}
+        for key, (title, keys) in [*groups.items(), (None, (None, [k for k in slot if k not in grouped]))]:
+            cols += [{"key": f"{b.name}/{k}", "title": f"{slot[k].slot} {metric_label(slot[k].primary)}",
+                      "benchmark": b.name, "slot": True} for k in keys]
+            if key is not None:  # each mean right after its slots
+                cols.append({"key": f"{b.name}/{key}", "title": title, "benchmark": b.name, "slot": True})
         for t in b.tasks:
             if not t.slot:
                 cols += [{"key": f"{b.name}/{t.key}/{m}", "title": f"{t.key} {metric_label(m)}", "benchmark": b.name,
@@ -49,9 +51,15 @@ def _fmt(value, digits: int = 2) -> str:
     return f"{value:,.{digits}f}" if digits else f"{value:,.0f}"
 
 
-def gains(rows: list[dict]) -> list[tuple[dict, dict]]:
-    """(model, zero-shot baseline) pairs whose difference the table shows: every model under test against the
-    first encoder baseline (e.g. fine-tuned vs the zero-shot model it started from)."""
+def gains(rows: list[dict], over: str | None = None) -> list[tuple[dict, dict]]:
+    """(model, reference) pairs whose difference the table shows: every model under test against the first
+    encoder baseline (e.g. fine-tuned vs the zero-shot model it started from), or against the row named
+    `over` (evaluate.yaml `gain_over`, e.g. bm25), every other row then included."""
+    if over is not None:
+        reference = next((r for r in rows if r["name"] == over), None)
+        if reference is None:
+            raise ValueError(f"gain_over={over}: no row of that name (rows: {', '.join(r['name'] for r in rows)})")
+        return [(r, reference) for r in rows if r is not reference]
     reference = next((r for r in rows if r.get("baseline") and r["name"] != "bm25"), None)
     return [(r, reference) for r in rows if reference is not None and not r.get("baseline")]
 
@@ -83,7 +91,7 @@ def markdown(run: str, benchmarks: list[Benchmark], rows: list[dict], settings: 
         cells += [_fmt(r["efficiency"].get(k) * scale if r["efficiency"].get(k) is not None else None, d)
                   for k, _, scale, d in EFFICIENCY]
         lines.append("| " + " | ".join(cells) + " |")
-    for r, ref in gains(rows):
+    for r, ref in gains(rows, settings.get("gain_over")):
         cells = [f"gain of {r['label']} over {ref['label']}"]
         cells += [_fmt_delta(r["scores"].get(c["key"]), ref["scores"].get(c["key"])) for c in cols]
         lines.append("| " + " | ".join(cells + [""] * len(EFFICIENCY)) + " |")

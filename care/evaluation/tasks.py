@@ -7,6 +7,7 @@ lexical baseline): `scorer.prepare(queries, docs)` returns an object with `searc
 """
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Sequence
 from functools import partial
 
@@ -107,4 +108,37 @@ def run_sts(data: TaskData, scorer, metrics: Sequence[str] = ("pearson", "spearm
     return results
 
 
-RUNNERS = {"retrieval": run_retrieval, "reranking": run_reranking, "sts": run_sts}
+#: Candidates are scored in an order fixed by this seed, never the stored one (docs/nano.md s.11: HAKARI
+#: hash-shuffles them the same way), so neither the list order nor the telling rank 101 reaches a model.
+CANDIDATE_ORDER_SEED = "care-nano-candidates-v1"
+
+
+def shuffled(qid: str, docs: Sequence[str], seed: str = CANDIDATE_ORDER_SEED) -> list[str]:
+    return sorted(docs, key=lambda d: hashlib.sha256(f"{seed}\0{qid}\0{d}".encode()).hexdigest())
+
+
+def run_candidates(data: TaskData, scorer, metrics: Sequence[str], items: dict | None = None,
+                   safeguard: bool = True) -> dict[str, dict[str, float]]:
+    """Rerank each query's stored candidate list (a Nano split's `reranking_hybrid`): every candidate is
+    scored after a deterministic shuffle, ties keep the shuffled order, and the metrics count every positive
+    of the qrels (one the list misses counts as missed).  `safeguard=False` first drops the rank-101
+    safeguard positive (HAKARI's `without_safeguard`).  Scores use the whole split corpus, as a retrieval
+    run does (BM25's statistics, the cached embeddings)."""
+    qids, dids = list(data.queries), list(data.docs)
+    position = {d: i for i, d in enumerate(dids)}
+    prepared = scorer.prepare([data.queries[q] for q in qids], [data.docs[d] for d in dids], task="retrieval")
+    results = {}
+    for method in scorer.methods:
+        run = {}
+        for qi, qid in enumerate(qids):
+            cands = [d for d in data.candidates[qid] if safeguard or d != data.safeguards.get(qid)]
+            cands = shuffled(qid, cands)
+            s = _finite(prepared.score(method, qi, [position[d] for d in cands]).astype(np.float32), data,
+                        f"a candidate of query {data.queries[qid]!r} ({method})")
+            order = np.lexsort((np.arange(len(cands)), -s))  # score descending, then the shuffled order
+            run[qid] = {cands[i]: float(len(cands) - rank) for rank, i in enumerate(order)}
+        results[method] = _trec(run, data, metrics, method, items)
+    return results
+
+
+RUNNERS = {"retrieval": run_retrieval, "reranking": run_reranking, "sts": run_sts, "candidates": run_candidates}

@@ -1,0 +1,286 @@
+"""Stage `nano`: one Nano dataset, one split per retrieval task (docs/nano.md; conf/pipeline/nano.yaml).
+
+    python -m data_pipeline stage=nano                     the open splits from the shared data
+    python -m data_pipeline stage=nano input=DIR out=OUT   any task folder (BEIR or mteb / HAKARI parquet)
+
+Per split: the selection (select.py), BM25 top-500 (bm25s robertson over HAKARI's jieba tokens), dense
+top-500 with the configured encoder through the embedding cache (the corpus is encoded shard by shard,
+each shard a cache chunk, so an interrupted build resumes where it stopped), reciprocal rank fusion with
+the safeguard, the audit (any failure stops the build) and the candidate-quality table.  With the open
+splits, the build stage's training data is checked against every Nano query and (query, positive) pair
+with the leakage rule (data_pipeline/leakage.py).
+
+The dataset folder is built beside its destination and swapped in whole when every split has passed
+its audit, so a failed or interrupted build never leaves half a dataset and never touches the previous
+one.  A folder not written by this stage is refused (force=true replaces it whole).  An unchanged re-run
+(same sources, config, code and encoder weights) is skipped.
+"""
+from __future__ import annotations
+
+import datetime
+import re
+import time
+from pathlib import Path
+
+import numpy as np
+from omegaconf import DictConfig, OmegaConf
+from tqdm.auto import tqdm
+
+from care.data.io import DataError, atomic_folder, read_jsonl, read_text_store, write_json
+from care.data.nano import METADATA
+from care.data.sources import source_files
+from care.data.stage_cache import claim_outputs, fingerprint, up_to_date
+from data_pipeline.nano import candidates, layout
+from data_pipeline.nano.select import Selection, select
+from data_pipeline.nano.sources import SourceTask, read_task, shared_tasks
+
+HERE = Path(__file__).parent
+CODE = [*sorted(HERE.glob("*.py")), HERE.parent / "leakage.py", HERE.parents[1] / "care" / "retrieval" / "bm25.py"]
+OUTPUTS = ("README.md", "reranking_hybrid_metadata.json", "corpus", "queries", "qrels", "metadata")
+SHARED_SOURCES = ("kuake_qtr", "cmedir", "cepilepsyqa", "cmedqa2_pairs")
+
+
+def dense_name(opts: dict, model: dict) -> str:
+    """The dense list's config name: the model actually used (docs/nano.md s.6), as a slug."""
+    return re.sub(r"[^A-Za-z0-9]+", "_", opts["dense"]["config_name"] or model["name"]).strip("_").lower()
+
+
+# ---- the candidate lists -----------------------------------------------------------------------------------
+
+def bm25_lists(sel: Selection, opts: dict) -> dict[str, list[str]]:
+    """BM25 top-k of each query over the split's corpus: HAKARI's tokens and formula (docs/nano.md s.5);
+    positives are not forced in."""
+    from care.retrieval.bm25 import BM25Scorer
+
+    b = opts["bm25"]
+    scorer = BM25Scorer(k1=b["k1"], b=b["b"], method=b["method"], tokenizer=b["tokenizer"])
+    doc_ids = list(sel.corpus)
+    idx, _ = scorer.prepare(list(sel.queries.values()), list(sel.corpus.values())).search(b["top_k"])["bm25"]
+    return {q: [doc_ids[i] for i in row if i >= 0] for q, row in zip(sel.queries, idx)}
+
+
+def dense_lists(sel: Selection, encoder, cache, opts: dict, split: str) -> dict[str, list[str]]:
+    """Cosine top-k of each query (docs/nano.md s.6), embeddings through the cache: the corpus in shards of
+    `shard_size` texts, each one cache chunk, so the progress bar's estimate is honest and a stopped build
+    loses at most one shard."""
+    from care.encoders.cache import embed
+    from care.retrieval.index import top_k, unit_rows
+
+    d = opts["dense"]
+    texts, doc_ids = list(sel.corpus.values()), list(sel.corpus)
+    shards = [texts[i:i + d["shard_size"]] for i in range(0, len(texts), d["shard_size"])]
+    parts = []
+    for shard in tqdm(shards, desc=f"nano/{split}: encode corpus", unit="shard"):
+        parts.append(embed(encoder, shard, "document", cache, d["batch_size"], show_progress=False,
+                           task="retrieval").dense)
+    docs = unit_rows(np.concatenate(parts))
+    queries = unit_rows(embed(encoder, list(sel.queries.values()), "query", cache, d["batch_size"],
+                              show_progress=False, task="retrieval").dense)
+    idx, _ = top_k(queries @ docs.T, d["top_k"])
+    return {q: [doc_ids[i] for i in row] for q, row in zip(sel.queries, idx)}
+
+
+# ---- the leakage check ---------------------------------------------------------------------------------------
+
+def leakage_check(selections: dict[str, Selection], build_dir: Path, opts: dict) -> dict:
+    """Every Nano query and (query, positive) pair against the build stage's training texts (examples and
+    unlabelled texts), by the build stage's own rule.  Returns per split the counts; a leak is an error."""
+    from data_pipeline.build import Example
+    from data_pipeline.leakage import EvalSet, LeakageDetector
+
+    examples_file = build_dir / "examples.jsonl"
+    if not examples_file.is_file():
+        raise FileNotFoundError(f"nano.leakage: {examples_file} does not exist: run the build stage first "
+                                "(`python -m data_pipeline`, every stage), or pass nano.leakage.check=false")
+    texts = read_text_store(build_dir / "texts.jsonl")
+    examples = [Example(r["query_id"], r["pos_ids"], r.get("rule", ""), r.get("pool", ""))
+                for r in read_jsonl(examples_file, ("query_id", "pos_ids"))]
+    unlabelled = build_dir / "unlabelled_texts.jsonl"
+    if unlabelled.is_file():  # trained on as (text, text) pairs (CARE's stage I)
+        extra = read_text_store(unlabelled)
+        texts.update(extra)
+        examples += [Example(t, [t], "unlabelled", "") for t in extra]
+    sets = []
+    for split, sel in selections.items():
+        key = f"nano:{split}:"
+        texts.update({key + "q:" + q: t for q, t in sel.queries.items()})
+        texts.update({key + "d:" + d: t for d, t in sel.corpus.items()})
+        sets.append(EvalSet(f"nano/{split}", {key + "q:" + q for q in sel.queries},
+                            {(key + "q:" + q, key + "d:" + d) for q, docs in sel.qrels.items() for d in docs}))
+    counts, shown, _ = LeakageDetector(sets, texts, opts).report(examples)
+    found = {name: dict(c) for name, c in counts.items() if sum(c.values())}
+    if found:
+        raise DataError(examples_file, None, "query_id", f"Nano queries are in the training data: {found}; "
+                        f"e.g. {dict(shown)}. Add the split's source to build.eval_sets and rebuild.")
+    return {"build_dir": str(build_dir), "training_examples": len(examples), "leaks": 0,
+            "rule": "build.leakage (exact after normalisation + MinHash near duplicates), as queries and as texts"}
+
+
+# ---- one split ---------------------------------------------------------------------------------------------
+
+def build_split(task: SourceTask, sel: Selection, encoder, cache, opts: dict, dense: str, out: Path) -> dict:
+    start = time.perf_counter()
+    lists = {"bm25": bm25_lists(sel, opts)}
+    t_bm25 = time.perf_counter()
+    lists[dense] = dense_lists(sel, encoder, cache, opts, task.name)
+    t_dense = time.perf_counter()
+    h = opts["hybrid"]
+    hybrid, hybrid_meta = candidates.hybrid_lists(list(sel.queries), lists["bm25"], lists[dense], sel.qrels,
+                                                  sel.corpus, task.name, seed=opts["seed"], rrf_k=h["rrf_k"],
+                                                  top_k=h["top_k"])
+    candidates.audit(task.name, list(sel.queries), sel.corpus, sel.qrels, hybrid, top_k=h["top_k"])
+    lists["reranking_hybrid"] = hybrid
+    digests = layout.write_split(out, task.name, sel.queries, sel.corpus, sel.qrels, lists)
+    quality = {c: candidates.candidate_quality(lists[c], sel.qrels) for c in lists}
+    b = opts["bm25"]
+    tokenizer = {"resolved_tokenizer": b["tokenizer"], "resolved_tokenizer_name": b["language"],
+                 "auto_detected_language": None, "language_source": "configured (no detection: known zh)"}
+    meta = {"corpus_count": len(sel.corpus), "query_count": len(sel.queries),
+            "qrel_count": sum(len(v) for v in sel.qrels.values()),
+            "bm25": {**candidates.list_counts(lists["bm25"]), **tokenizer},
+            dense: candidates.list_counts(lists[dense]), "reranking_hybrid": hybrid_meta}
+    split_meta = {**sel.metadata, "source": task.provenance, "files_sha256": digests,
+                  "candidate_quality": {c: {k: v for k, v in q.items() if k != "per_query"} for c, q in quality.items()},
+                  "seconds": {"bm25": round(t_bm25 - start, 2), "dense": round(t_dense - t_bm25, 2),
+                              "total": round(time.perf_counter() - start, 2)}}
+    write_json(out / "metadata" / f"{task.name}.json", split_meta)
+    card = {"queries": len(sel.queries), "corpus": len(sel.corpus), "qrels": meta["qrel_count"],
+            "query_chars": layout.length_stats(sel.queries.values()),
+            "doc_chars": layout.length_stats(sel.corpus.values())}
+    counts = hybrid_meta
+    quality_row = {"tokenizer": f"{b['tokenizer']}@{b['language']}", "quality": quality,
+                   "candidates": f"{counts['candidate_count_min']}-{counts['candidate_count_max']}",
+                   "safeguards": counts["safeguard_positive_count"]}
+    return {"meta": meta, "card": card, "quality_row": quality_row, "metadata": split_meta}
+
+
+# ---- the stage -------------------------------------------------------------------------------------------
+
+def _tasks(cfg: DictConfig, opts: dict) -> tuple[dict[str, SourceTask], list[Path], dict]:
+    if cfg.get("input"):
+        path = Path(cfg.input).expanduser().resolve()
+        task = read_task(path, opts["input_split"])
+        files = sorted(p for p in path.rglob("*") if p.is_file()) if path.is_dir() else [path]
+        return {task.name: task}, files, {"input": str(path), "split": opts["input_split"]}
+    data = OmegaConf.to_container(cfg.data, resolve=True)
+    tasks = shared_tasks(data)
+    if opts["splits"]:
+        unknown = [s for s in opts["splits"] if s not in tasks]
+        if unknown:
+            raise ValueError(f"nano.splits: no default split {unknown} (choose from {', '.join(tasks)})")
+        tasks = {s: tasks[s] for s in opts["splits"]}
+    root = Path(data["root"])
+    files = [f for s in SHARED_SOURCES for f in source_files(data["sources"][s], root)]
+    return tasks, files, {"data_root": str(root), "sources": {s: data["sources"][s] for s in SHARED_SOURCES}}
+
+
+def _selection_options(opts: dict) -> dict:
+    keys = ("query_limit", "doc_limit", "query_selection", "seed", "corpus_order", "dedupe_query_texts",
+            "dedupe_doc_texts", "qrels_cap")
+    return {k: opts[k] for k in keys}
+
+
+def run(cfg: DictConfig) -> dict:
+    from care.models.hub import weights_digest
+
+    opts = OmegaConf.to_container(cfg.nano, resolve=True)
+    model = OmegaConf.to_container(cfg.model, resolve=True)
+    out = Path(cfg.out).expanduser().resolve() if cfg.get("out") else Path(opts["out_dir"])
+    tasks, files, source = _tasks(cfg, opts)
+    dense = dense_name(opts, model)
+    check = opts["leakage"]["check"] and (not cfg.get("input")
+                                          or (Path(opts["leakage"]["build_dir"]) / "examples.jsonl").is_file())
+    build_dir = Path(opts["leakage"]["build_dir"])
+    leak_inputs = [build_dir / n for n in ("examples.jsonl", "texts.jsonl", "unlabelled_texts.jsonl")] if check else []
+    fp = fingerprint([*files, *CODE, *leak_inputs],
+                     {"nano": opts, "source": source, "model": model, "weights": weights_digest(model["path"]),
+                      "leakage": OmegaConf.to_container(cfg.build.leakage, resolve=True) if check else None})
+    if not cfg.get("force", False) and (old := up_to_date(out, fp)):
+        print(f"nano: {out} unchanged, skipped")
+        return {**old, "skipped": True}
+    claim_outputs(out, "nano", OUTPUTS, cfg.get("force", False))
+
+    start = time.perf_counter()
+    selections = {name: select(task, **_selection_options(opts)) for name, task in tasks.items()}
+    leakage = (leakage_check(selections, build_dir, OmegaConf.to_container(cfg.build.leakage, resolve=True))
+               if check else {"checked": False, "why": "no build stage outputs for an input= task"})
+    from care.encoders import build_encoder
+    from care.encoders.cache import EmbeddingCache
+    from care.evaluation.corpora import evaluation_model
+
+    d = opts["dense"]
+    encoder = build_encoder(evaluation_model(model, d["max_length"]), device=d["device"])
+    cache = EmbeddingCache(d["cache"], enabled=d["cache"] is not None)
+    built = {}
+    with atomic_folder(out) as tmp:
+        for name, task in tasks.items():
+            t0 = time.perf_counter()
+            built[name] = build_split(task, selections[name], encoder, cache, opts, dense, tmp)
+            print(f"nano/{name}: {built[name]['card']['queries']} queries, {built[name]['card']['corpus']:,} docs, "
+                  f"{built[name]['quality_row']['safeguards']} safeguards, {time.perf_counter() - t0:.1f} s")
+        table = _write_dataset_files(tmp, opts, model, dense, built, encoder)
+        audit_folder(tmp, opts["hybrid"]["top_k"])  # the files as written, read back (HAKARI audits its upload)
+        stats = {"stage": "nano", "fingerprint": fp, "name": opts["name"], "out_dir": str(out), "dense": dense,
+                 "leakage": leakage, "seconds": round(time.perf_counter() - start, 1),
+                 "embeddings_encoded": cache.misses, "embeddings_from_cache": cache.hits,
+                 "splits": {n: {**b["card"], "seconds": b["metadata"]["seconds"],
+                                "safeguards": b["quality_row"]["safeguards"],
+                                "candidate_quality": b["metadata"]["candidate_quality"]} for n, b in built.items()}}
+        write_json(tmp / "stats.json", stats)
+    print(f"nano: {out} (candidate quality, 0-100; README.md holds the card)\n" + "\n".join(table))
+    return stats
+
+
+def audit_folder(folder: str | Path, top_k: int = candidates.HYBRID_TOP_K) -> list[str]:
+    """Read a Nano folder back (care/data/nano.py) and audit every split's `reranking_hybrid` rows
+    (docs/nano.md s.9); raises on the first split that fails, returns the splits checked."""
+    from care.data.nano import HYBRID, load_split, splits
+
+    names = splits(folder)
+    for split in names:
+        s = load_split(folder, split)
+        if HYBRID not in s.candidates:
+            raise FileNotFoundError(f"{folder}: split {split} has no {HYBRID} config to audit")
+        candidates.audit(split, list(s.queries), s.corpus, s.qrels, s.candidates[HYBRID], top_k=top_k)
+    return names
+
+
+def _write_dataset_files(out: Path, opts: dict, model: dict, dense: str, built: dict, encoder) -> list[str]:
+    """reranking_hybrid_metadata.json in HAKARI's schema (docs/nano.md s.10) and the README card; returns the
+    card's Candidate Quality table."""
+    prompts = encoder.prompts
+    configs = {"bm25": {"top_k": opts["bm25"]["top_k"], "tokenizer": opts["bm25"]["tokenizer"],
+                        "method": opts["bm25"]["method"], "k1": opts["bm25"]["k1"], "b": opts["bm25"]["b"]},
+               dense: {"model": model.get("label", model["name"]), "model_path": str(model["path"]),
+                       "top_k": opts["dense"]["top_k"], "query_prompt_name": None,
+                       "query_prompt": prompts.apply([""], "query", "retrieval")[0],
+                       "document_prompt_name": None, "document_prompt": prompts.apply([""], "document", "retrieval")[0],
+                       "max_seq_length": opts["dense"]["max_length"], "dtype": "float32",
+                       "side_fingerprints": {s: encoder.side_fingerprint(s, "retrieval") for s in ("query", "document")}},
+               "reranking_hybrid": {"rrf_top_k": opts["hybrid"]["top_k"],
+                                    "max_candidates_per_query": opts["hybrid"]["top_k"] + 1,
+                                    "method": "reciprocal_rank_fusion", "rrf_k": opts["hybrid"]["rrf_k"],
+                                    "random_seed": opts["seed"], "construction_policy": candidates.CONSTRUCTION_POLICY}}
+    write_json(out / METADATA, {
+        "generated_at_utc": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "source_dataset": opts["name"], "configs": configs, "splits": {n: b["meta"] for n, b in built.items()}})
+    intro = [(f"An open, Nano-style Chinese medical retrieval dataset built by this project's `nano` stage "
+              f"(data_pipeline/nano) with HAKARI-bench's NanoCMTEB recipe (docs/nano.md). **It is not NanoCMTEB**: "
+              f"its splits come from public medical sets, and its dense list is `{dense}` "
+              f"({model.get('label', model['name'])}), not harrier-oss-v1-270m."), "",
+             ("Load a config with `datasets.load_dataset(\"<this folder>\", \"queries\", split=\"<split>\")`; "
+              "score a model with `python evaluate.py benchmark=nano` (README of the project)."), "",
+             "Splits and sources:"]
+    intro += [f"- `{n}`: {b['metadata']['source'].get('description', b['metadata']['source'])}" for n, b in built.items()]
+    rows = {n: b["quality_row"] for n, b in built.items()}
+    layout.write_card(out, opts["name"], intro, list(built), dense, {n: b["card"] for n, b in built.items()}, rows,
+                      sum(r["safeguards"] for r in rows.values()),
+                      sum(b["meta"]["reranking_hybrid"]["limited_by_corpus_size_count"] for b in built.values()))
+    return layout.quality_table(rows, dense)
+
+
+def summary(stats: dict) -> str:
+    splits = stats.get("splits", {})
+    return (f"{stats.get('name')}: {len(splits)} splits ("
+            + ", ".join(f"{n} {s['queries']}q/{s['corpus']:,}d" for n, s in splits.items())
+            + f"), {sum(s['safeguards'] for s in splits.values())} safeguards")
