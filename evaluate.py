@@ -26,18 +26,23 @@ from care.config import CONF_DIR, run_reporting_bad_input
 from care.data.io import write_json
 from care.encoders import build_encoder, detect
 from care.encoders.cache import EmbeddingCache
+from care.encoders.registry import CHECKPOINT_MODEL
 from care.evaluation import corpora, efficiency
 from care.evaluation.benchmarks import averages, run_task
 from care.evaluation.corpora import evaluation_model
-from care.evaluation.report import gains, write_summary
-from care.evaluation.significance import gain_interval
+from care.evaluation.report import gains, plot_steps, write_summary
+from care.evaluation.significance import cell_items, gain_interval
 from care.retrieval.bm25 import BM25Scorer
 from care.retrieval.scorer import EncoderScorer
 from data_pipeline import benchmarks as builders
 
 
-def checkpoint_models(ckpt: str, model_cfg: dict) -> list[tuple[str, dict]]:
-    """(row name, model config) for a checkpoint folder, or for each checkpoint folder inside it."""
+def checkpoint_models(ckpt: str, model_cfg: dict, checkpoints: str = "best_final") -> list[tuple[str, dict]]:
+    """(row name, model config) for a checkpoint folder, or for each checkpoint folder inside it; with
+    `checkpoints=all` also every saved checkpoint of a training run (checkpoints/step-N/model), as
+    "<run>/step-N", in step order."""
+    if checkpoints not in ("best_final", "all"):
+        raise ValueError(f"checkpoints={checkpoints}: choose best_final or all")
     path = Path(ckpt).expanduser().resolve()
     if not path.is_dir():
         raise FileNotFoundError(f"ckpt={ckpt}: {path} is not a folder")
@@ -46,6 +51,9 @@ def checkpoint_models(ckpt: str, model_cfg: dict) -> list[tuple[str, dict]]:
         return [(f"{path.parent.name}/{path.name}" if path.name in ("final", "best", "tuned") else path.name, own)]
     found = [(f"{path.name}/{sub.name}", c) for sub in sorted(path.iterdir())
              if sub.is_dir() and (c := detect(sub, model_cfg)) is not None]
+    if checkpoints == "all":
+        found += [(f"{path.name}/{step.name}", c) for step in sorted((path / "checkpoints").glob("step-*"))
+                  if (c := detect(step / CHECKPOINT_MODEL, model_cfg)) is not None]
     if not found:
         runs = sorted(sub.name for sub in path.iterdir() if (sub / "final").is_dir())
         if (path / "state.pt").exists():
@@ -71,7 +79,8 @@ def _model_file(name: str) -> dict:
 def model_entries(cfg: dict) -> list[dict]:
     """The rows of the table: the model(s) under test, then the baselines not already among them."""
     if cfg.get("ckpt"):
-        entries = [{"name": name, "label": name, "model": c} for name, c in checkpoint_models(cfg["ckpt"], cfg["model"])]
+        entries = [{"name": name, "label": name, "model": c}
+                   for name, c in checkpoint_models(cfg["ckpt"], cfg["model"], cfg.get("checkpoints", "best_final"))]
     else:
         entries = [{"name": cfg["model"]["name"], "label": cfg["model"].get("label", cfg["model"]["name"]),
                     "model": cfg["model"]}]
@@ -112,17 +121,9 @@ def _slug(text: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]+", "_", text).strip("_") or "model"
 
 
-def _cell_items(record: dict | None, metric: str) -> dict | None:
-    """One table cell's per-item record: each query's value of `metric`, or the STS predictions."""
-    if record is None or "predicted" in record:
-        return record
-    values = {q: v[metric] for q, v in record["per_query"].items() if metric in v}
-    return {"per_query": values} if values else None
-
-
 def evaluate_model(entry: dict, scorer, loaded: list[tuple], cfg: dict, out: Path) -> dict:
     """Scores of one model on every task; `items` (per-query values, STS predictions) for each table cell."""
-    scores, details, cell_items = {}, {}, {}
+    scores, details, by_cell = {}, {}, {}
     for bench, tasks in loaded:
         primary = {}
         for spec, data in tasks:
@@ -145,15 +146,16 @@ def evaluate_model(entry: dict, scorer, loaded: list[tuple], cfg: dict, out: Pat
             details[f"{bench.name}/{spec.key}"] = per_method
             if spec.slot:
                 scores[f"{bench.name}/{spec.key}"] = 100 * primary[spec.key]
-                cell_items[f"{bench.name}/{spec.key}"] = _cell_items(items.get(method), spec.primary)
+                by_cell[f"{bench.name}/{spec.key}"] = cell_items(items.get(method), spec.primary)
             else:
                 for m in spec.metrics:
                     scores[f"{bench.name}/{spec.key}/{m}"] = 100 * per_method[method][m]
-                    cell_items[f"{bench.name}/{spec.key}/{m}"] = _cell_items(items.get(method), m)
+                    by_cell[f"{bench.name}/{spec.key}/{m}"] = cell_items(items.get(method), m)
         for key, value in averages(bench, primary).items():
             scores[f"{bench.name}/{key}"] = value
     return {"name": entry["name"], "label": entry["label"], "fingerprint": scorer.fingerprint,
-            "baseline": bool(entry.get("baseline")), "scores": scores, "methods": details, "items": cell_items}
+            "model_path": entry.get("model", {}).get("path"),
+            "baseline": bool(entry.get("baseline")), "scores": scores, "methods": details, "items": by_cell}
 
 
 def gain_intervals(rows: list[dict], seed: int = 0, over: str | None = None) -> None:
@@ -205,6 +207,9 @@ def evaluate(cfg: DictConfig | dict) -> dict:
                 # timings mean little on a busy machine: the 1-minute load average says how busy it was
                 "load_average_1m": round(os.getloadavg()[0], 1), "cpus": os.cpu_count()}
     table = write_summary(out, run, [b for b, _ in loaded], rows, settings)
+    if cfg.get("ckpt") and (curve := plot_steps(out / "steps.png", [b for b, _ in loaded], rows,
+                                                Path(cfg["ckpt"]).expanduser() / "metrics.jsonl")):
+        print(f"scores against the training step: {curve}")
     print(table)
     print(f"written to {out}")
     return {"out_dir": str(out), "rows": rows, "settings": settings, "table": table}

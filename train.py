@@ -15,6 +15,7 @@ import json
 import math
 import os
 import sys
+from pathlib import Path
 
 import hydra
 from omegaconf import DictConfig
@@ -28,8 +29,41 @@ def validation_metric(summary: dict) -> float:
     return float(value) if value is not None and math.isfinite(value) else math.nan
 
 
+def distributed_env_from_submitit() -> None:
+    """hydra/launcher=slurm (or submitit_local) with several tasks per job starts one process per task, each
+    running this main: give each the RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT torchrun would
+    (submitit's TorchDistributedEnvironment, from SLURM_PROCID, SLURM_LOCALID, the node list and the job id),
+    so accelerate starts DDP over the job's tasks (docs/cluster.md).  A launcher that set them (torchrun) wins."""
+    if os.environ.get("SUBMITIT_EXECUTOR") and "RANK" not in os.environ:
+        import submitit
+
+        if submitit.JobEnvironment().num_tasks > 1:
+            # every GPU of the node stays visible (accelerate takes cuda:LOCAL_RANK); a MASTER_PORT set is kept
+            submitit.helpers.TorchDistributedEnvironment().export(set_cuda_visible_devices=False, overwrite=True)
+
+
+def per_job_output_dir(cfg: DictConfig) -> None:
+    """In a multirun (`-m`) whose command line names neither output_dir nor run_name, every job would train
+    into the same run folder (the second refused as another run's, or both writing checkpoints at once):
+    give each job its own, <output_dir>/<the sweep's folder name (its start time)>/<job number>; the job's
+    overrides are in its care_training.json and Hydra's job folder."""
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
+    from omegaconf import open_dict
+
+    if not HydraConfig.initialized():  # main() called as a function (tests): no command line to read
+        return
+    hc = HydraConfig.get()
+    named = any(o.split("=", 1)[0].lstrip("+~") in ("output_dir", "run_name") for o in hc.overrides.task)
+    if hc.mode == RunMode.MULTIRUN and not named:
+        with open_dict(cfg):
+            cfg.output_dir = f"{cfg.output_dir}/{Path(hc.sweep.dir).name}/{hc.job.num}"
+
+
 @hydra.main(config_path=str(CONF_DIR), config_name="train", version_base="1.3")
 def main(cfg: DictConfig) -> float:
+    distributed_env_from_submitit()
+    per_job_output_dir(cfg)
     # after Hydra parsed the command line: `--help` stays fast
     from care.training.trainer import AlreadyFinished, ResumeError, Trainer
 

@@ -1,6 +1,10 @@
-"""Compose the real `conf/` tree outside a Hydra app (tests, notebooks, helper scripts)."""
+"""Compose the real `conf/` tree outside a Hydra app (tests, notebooks, helper scripts); what of a training
+config is its recipe (the settings that change the trained weights, grouped over seeds)."""
 from __future__ import annotations
 
+import copy
+import hashlib
+import json
 import sys
 from collections.abc import Callable, Sequence
 
@@ -29,3 +33,36 @@ def run_reporting_bad_input(run: Callable[[DictConfig], object], cfg: DictConfig
     except BAD_INPUT as e:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(1)
+
+
+# Settings of a training config that do not change the trained weights (where a run writes, how it logs
+# and saves): a run may resume with other values (care/training/checkpoint.py), and runs differing only
+# in these share a recipe.
+RUN_SETTINGS = ("trainer.resume", "trainer.max_steps_this_session", "trainer.num_workers", "trainer.log_every",
+                "trainer.checkpoint_every", "trainer.keep_checkpoints", "validation.batch_size", "wandb",
+                "overwrite", "output_dir", "run_name", "experiment_name", "hydra", "data.dir", "data.texts",
+                "data.examples")
+
+
+def without_keys(config: dict, keys: Sequence[str]) -> dict:
+    """A copy of a resolved config without the dotted `keys` (absent ones ignored)."""
+    c = copy.deepcopy(config)
+    for key in keys:
+        *parents, leaf = key.split(".")
+        node = c
+        for p in parents:
+            node = node.get(p, {}) if isinstance(node, dict) else {}
+        if isinstance(node, dict):
+            node.pop(leaf, None)
+    return c
+
+
+def recipe(config: dict, ignore: Sequence[str] = ("seed",)) -> dict:
+    """A training config's recipe: without the run settings and without `ignore` (the seed, so that runs
+    of one recipe over several seeds group together: evaluation's comparison, wandb's run groups)."""
+    return without_keys(config, (*RUN_SETTINGS, *ignore))
+
+
+def recipe_group(config: dict, ignore: Sequence[str] = ("seed",)) -> str:
+    """A short stable name of a recipe (12 hex digits)."""
+    return hashlib.sha256(json.dumps(recipe(config, ignore), sort_keys=True, default=str).encode()).hexdigest()[:12]

@@ -19,7 +19,6 @@ from pathlib import Path
 
 import numpy as np
 from omegaconf import DictConfig, OmegaConf
-from tqdm.auto import tqdm
 
 from care.data.io import (
     DataError,
@@ -34,7 +33,7 @@ from care.data.stage_cache import claim_outputs, fingerprint, mark_in_progress, 
 from care.encoders import Encoder, build_encoder
 from care.encoders.cache import EmbeddingCache, embed
 from care.models.hub import weights_digest
-from care.retrieval.index import flat_index, unit_rows
+from care.retrieval.index import build_index, unit_rows
 from data_pipeline.build import export_flag
 from data_pipeline.dedup.clusters import clusters_from_edges
 from data_pipeline.dedup.stage import encoder_thresholds
@@ -121,14 +120,13 @@ def mine_pool(examples: list[dict], texts: dict[str, str], encoder: Encoder, clu
     t1 = time.perf_counter()
     # +1: in question mode each query comes back as its own nearest neighbour (its positives are excluded).
     k = min(opts["top_k"] + (opts["similarity"] == "question"), len(cands))
-    index = flat_index(cands)  # moved to the GPUs when faiss-gpu sees any
+    # flat (exact) by default, moved to the GPUs when faiss-gpu sees any; mine.index picks IVF or HNSW
+    index = build_index(cands, **(opts.get("index") or {}))
     scores, neighbours = index.search(queries, k)
     t2 = time.perf_counter()
     rng = random.Random(opts["seed"])
-    mined = [miner.mine(i, scores[i], neighbours[i], lambda i: cands @ queries[i], window["lo"], window["hi"],
-                        opts["max_negatives"], opts["min_negatives"], list(opts["fallback"]), rng)
-             for i in tqdm(range(len(examples)), desc=f"mine: {examples[0]['pool']}", unit="query",
-                           mininterval=2)]
+    mined = miner.mine_all(scores, neighbours, lambda i: cands @ queries[i], window["lo"], window["hi"],
+                           opts["max_negatives"], opts["min_negatives"], list(opts["fallback"]), rng)
     timing["encode"] += t1 - t0
     timing["search"] += t2 - t1
     timing["select"] += time.perf_counter() - t2

@@ -9,16 +9,38 @@ to a positive after normalisation, a text dedup removed.  Up to max_negatives ar
 first, with their scores (rounded to 6 decimals before the window test, so a stored score is exactly the
 one tested).  Examples with fewer than min_negatives in the window are filled up by the fallback (nearest
 candidates below lo, then random ones below hi), and the number filled is stored per example.
+
+The rule, read as a walk down one example's neighbours in descending score order: skip a neighbour
+scoring >= hi; take each usable candidate it offers (not excluded, not yet taken) until max_negatives
+lie in the window; stop at the first neighbour below lo once the window and the candidates taken below
+lo together reach min_negatives.  `PoolMiner.mine_all` computes that walk for every example at once on
+the top-K matrix (numpy), because a Python loop over every neighbour cost about as much again as the
+FAISS search itself (bench/mining_bench.py, `mining_over_raw_search`).  Because the scores fall along a
+row, the walk's outcome is a prefix of the row's usable candidates: the first min(in window,
+max_negatives) in the window, then (only when the window holds fewer than min_negatives) the first ones
+below lo.  Only the random fallback, rare, stays a per-example loop, since it consumes one shared
+random.Random in example order.
 """
 from __future__ import annotations
 
 import random
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
 
 from data_pipeline.dedup.normalize import Normalizer
+
+# Positions scanned per example beyond max_negatives (or beyond the window plus min_negatives) on the
+# first pass: room for the excluded candidates among them.  An example whose outcome is not settled within
+# that band is scanned again to the end of its row, so this only trades speed, never the result.
+_SLACK = 32
+# The exclusion test reads a boolean (example x normalised text) table, built for this many cells at a
+# time (16 MiB), so a large pool never needs the whole quadratic table.
+_TABLE_CELLS = 1 << 24
+# Examples selected at once: bounds the temporaries (a few arrays of this many rows of the top-K).
+_ROWS = 8192
 
 
 @dataclass
@@ -29,20 +51,36 @@ class Mined:
     in_window: int      # negatives found in the window (the first of neg_ids)
 
 
+@dataclass
+class _Items:
+    """The usable candidates of some examples' scanned positions, in walk order (example, then position,
+    then the neighbour's own order of candidates).  `row` numbers the examples of the scan (0..n-1)."""
+    row: np.ndarray
+    pos: np.ndarray
+    slot: np.ndarray
+    score: np.ndarray
+
+
 class PoolMiner:
     """Mines one pool.  `candidates[j]` is what neighbour j of the FAISS search offers: in question mode
-    neighbour j is example j's query and offers its positives; in document mode it is one text."""
+    neighbour j is example j's query and offers its positives; in document mode it is one text.
+
+    The exclusions become integers once, here: every candidate occurrence is a "slot" (slot_ptr[j] to
+    slot_ptr[j + 1] are neighbour j's), every distinct candidate id a number (`names`), every normalised
+    candidate text a number, and example i's excluded texts the sorted numbers
+    excl_nid[excl_ptr[i]:excl_ptr[i + 1]].  A candidate is usable for example i unless its normalised text
+    is excluded for i or dedup removed it: an excluded id is a candidate's own text, so testing the text
+    covers the id too."""
 
     def __init__(self, examples: list[dict], texts: dict[str, str], cluster_of: dict[str, int],
                  removed: set[str], similarity: str):
         norm = Normalizer()
-        self.norm = {tid: norm(texts[tid]) for ex in examples for tid in [ex["query_id"], *ex["pos_ids"]]}
-        self.removed = removed
+        normed = {tid: norm(texts[tid]) for ex in examples for tid in [ex["query_id"], *ex["pos_ids"]]}
         # Examples asking the same question: same query id, same normalised text, or same dedup cluster.
         groups: dict[tuple, list[int]] = defaultdict(list)
         for i, ex in enumerate(examples):
             q = ex["query_id"]
-            for key in (("id", q), ("text", self.norm[q]), ("cluster", cluster_of.get(q))):
+            for key in (("id", q), ("text", normed[q]), ("cluster", cluster_of.get(q))):
                 if key[1] is not None:
                     groups[key].append(i)
         same_question = [set() for _ in examples]
@@ -52,55 +90,212 @@ class PoolMiner:
         members_of = defaultdict(set)
         for tid, c in cluster_of.items():
             members_of[c].add(tid)
-        # Per example, what may never be its negative: every positive of an example asking the same
-        # question (its own included), every member of a positive's cluster, and their normalised texts.
-        self.excluded, self.excluded_text = [], []
-        for i, ex in enumerate(examples):
-            ids = {p for j in same_question[i] for p in examples[j]["pos_ids"]}
-            for p in ex["pos_ids"]:
-                ids |= members_of.get(cluster_of.get(p), set())
-            self.excluded.append(ids)
-            self.excluded_text.append({self.norm[p] for p in ids if p in self.norm})
         if similarity == "question":
             self.candidates = [ex["pos_ids"] for ex in examples]
         else:
             self.docs = list(dict.fromkeys(p for ex in examples for p in ex["pos_ids"] if p not in removed))
             self.candidates = [[d] for d in self.docs]
 
-    def usable(self, i: int, tid: str) -> bool:
-        return (tid not in self.excluded[i] and tid not in self.removed
-                and self.norm.get(tid) not in self.excluded_text[i])
+        flat = [t for c in self.candidates for t in c]
+        self.names = list(dict.fromkeys(flat))
+        self.name_array = np.array(self.names, dtype=object)
+        number = {t: n for n, t in enumerate(self.names)}
+        text_no: dict[str, int] = {}
+        tid_nid = np.array([text_no.setdefault(normed[t], len(text_no)) for t in self.names], np.int64)
+        self.n_texts = len(text_no)  # a removed candidate gets text number n_texts: excluded for everyone
+        slot_tid = np.array([number[t] for t in flat], np.int64)
+        tid_removed = np.array([t in removed for t in self.names], bool)
+        self.slot_tid = slot_tid
+        self.slot_nid = np.where(tid_removed[slot_tid], self.n_texts, tid_nid[slot_tid]) if len(flat) else slot_tid
+        self.slot_count = np.array([len(c) for c in self.candidates], np.int64)
+        self.slot_ptr = np.concatenate([[0], np.cumsum(self.slot_count)]).astype(np.int64)
+        self.one_slot_each = bool(len(flat)) and bool((self.slot_count == 1).all())
+        # An id offered by two slots can come twice along one row: only those need the dedup pass.
+        self.slot_shared = (np.bincount(slot_tid, minlength=len(self.names))[slot_tid] > 1
+                            if len(flat) else np.zeros(0, bool))
+        # Per example, what may never be its negative: every positive of an example asking the same
+        # question (its own included), every member of a positive's cluster, and their normalised texts.
+        excl, lens = [], []
+        for i, ex in enumerate(examples):
+            ids = {p for j in same_question[i] for p in examples[j]["pos_ids"]}
+            for p in ex["pos_ids"]:
+                ids |= members_of.get(cluster_of.get(p), set())
+            nids = sorted({text_no[t] for t in {normed[p] for p in ids if p in normed} if t in text_no})
+            excl.extend(nids)
+            lens.append(len(nids))
+        self.excl_nid = np.array(excl, np.int64)
+        self.excl_ptr = np.concatenate([[0], np.cumsum(lens)]).astype(np.int64)
+        self._lists: tuple[list, list, list] | None = None
 
-    def mine(self, i: int, scores: np.ndarray, neighbours: np.ndarray, all_scores, lo: float, hi: float,
-             max_neg: int, min_neg: int, fallback: list[str], rng: random.Random) -> Mined:
-        """Example i, given its neighbours (descending scores; -1 = none) and `all_scores(i)`, its
-        similarity to every candidate (only computed when the random fallback is needed).  Scores are
-        rounded to 6 decimals before the window test, so the stored score is the one tested."""
-        window, below, seen = [], [], set()
-        for s, j in zip(np.round(scores.astype(np.float64), 6).tolist(), neighbours.tolist()):
-            if len(window) >= max_neg or (s < lo and len(window) + len(below) >= min_neg):
-                break  # scores only fall from here on: nothing further would be stored
-            if j < 0 or s >= hi:
-                continue
-            for tid in self.candidates[j]:
-                if tid not in seen and self.usable(i, tid) and len(window) < max_neg:
+    # ---- the exclusion test ---------------------------------------------------------------------------
+    def _excluded(self, rows: np.ndarray, nid: np.ndarray) -> np.ndarray:
+        """Whether text nid[t] may not be a negative of example rows[t] (rows ascending): a lookup in a
+        boolean table of (example, text) marked from the exclusion lists, built a block of examples at a
+        time and cleared again after each block."""
+        out = np.zeros(len(rows), bool)
+        if not len(rows):
+            return out
+        width = self.n_texts + 1  # the last column: dedup-removed, excluded for every example
+        block = max(1, _TABLE_CELLS // width)
+        table = np.zeros((min(block, int(rows[-1]) - int(rows[0]) + 1), width), bool)
+        table[:, -1] = True
+        first = int(rows[0])
+        while first <= rows[-1]:
+            last = first + len(table)
+            a, b = np.searchsorted(rows, [first, last])
+            if a < b:
+                lens = np.diff(self.excl_ptr[first:last + 1])
+                local = np.repeat(np.arange(len(lens)), lens)
+                marked = self.excl_nid[self.excl_ptr[first]:self.excl_ptr[first + len(lens)]]
+                table[local, marked] = True
+                out[a:b] = table.ravel()[(rows[a:b] - first) * width + nid[a:b]]
+                table[local, marked] = False
+            first = int(rows[b]) if b < len(rows) else last
+        return out
+
+    # ---- one scan of a band of positions --------------------------------------------------------------
+    def _scan(self, R: np.ndarray, N: np.ndarray, r0: int, rows: np.ndarray, start: np.ndarray,
+              stop: np.ndarray) -> _Items:
+        """The usable, first-seen candidates at positions [start, stop) of the given rows of R and N
+        (examples r0 + rows; every score there < hi), in walk order."""
+        k = R.shape[1]
+        lens = stop - start
+        total = int(lens.sum())
+        local = np.repeat(np.arange(len(rows)), lens)
+        pos = np.arange(total) - np.repeat(np.cumsum(lens) - lens - start, lens)
+        flat = rows[local] * k + pos
+        j = N.ravel()[flat]
+        keep = j >= 0
+        local, pos, flat, j = local[keep], pos[keep], flat[keep], j[keep]
+        if self.one_slot_each:
+            slot = j  # one candidate per neighbour (document mode, or single positives): slot j is j's
+        else:
+            rep = self.slot_count[j]
+            local, pos, flat = np.repeat(local, rep), np.repeat(pos, rep), np.repeat(flat, rep)
+            base = np.repeat(self.slot_ptr[j] - (np.cumsum(rep) - rep), rep)
+            slot = base + np.arange(len(base))
+        ok = ~self._excluded(r0 + rows[local], self.slot_nid[slot])
+        shared = np.flatnonzero(ok & self.slot_shared[slot])
+        if len(shared):  # an id offered again further down the row: only its first occurrence counts
+            key = local[shared] * len(self.names) + self.slot_tid[slot[shared]]
+            first = np.zeros(len(shared), bool)
+            first[np.unique(key, return_index=True)[1]] = True
+            ok[shared[~first]] = False
+        return _Items(local[ok], pos[ok], slot[ok], R.ravel()[flat[ok]])
+
+    # ---- the selection for all examples ---------------------------------------------------------------
+    def mine_all(self, scores: np.ndarray, neighbours: np.ndarray, all_scores: Callable[[int], np.ndarray],
+                 lo: float, hi: float, max_neg: int, min_neg: int, fallback: list[str],
+                 rng: random.Random) -> list[Mined]:
+        """Every example's negatives, given the FAISS top-K (`scores`, `neighbours`: row i is example i's,
+        descending scores, -1 = none) and `all_scores(i)`, example i's similarity to every candidate (only
+        computed when the random fallback is needed).  Scores are rounded to 6 decimals before the window
+        test, so the stored score is the one tested.  The random fallback draws from `rng` example by
+        example in row order, so a run is reproducible from the seed.  Rows go _ROWS at a time, so the
+        temporaries stay a few times the size of that many rows of the top-K, whatever the pool's size."""
+        S = np.asarray(scores)
+        N = np.asarray(neighbours, np.int64)
+        out: list[Mined] = []
+        for r0 in range(0, len(S), _ROWS):
+            out += self._mine_rows(r0, S[r0:r0 + _ROWS], N[r0:r0 + _ROWS], all_scores, lo, hi, max_neg,
+                                   min_neg, fallback, rng)
+        return out
+
+    def _mine_rows(self, r0: int, S: np.ndarray, N: np.ndarray, all_scores, lo: float, hi: float,
+                   max_neg: int, min_neg: int, fallback: list[str], rng: random.Random) -> list[Mined]:
+        """mine_all for examples r0, r0 + 1, ... (the rows of S and N).  First a band of each row, from its
+        first score below hi to where an example with few exclusions is settled (_SLACK); the rows it did
+        not settle are scanned again to their end."""
+        n, k = S.shape
+        if k > 1 and (S[:, 1:] > S[:, :-1]).any():
+            raise ValueError("mine_all needs each row's scores in descending order (as a FAISS k-NN search "
+                             "returns them)")
+        R = np.round(S.astype(np.float64), 6)
+        a = (R >= hi).sum(1)  # positions [0, a) score >= hi: skipped
+        b = (R >= lo).sum(1)  # positions [a, b): the window
+        stop = np.minimum(k, np.minimum(a + max(max_neg, 0) + _SLACK, b + max(min_neg, 0) + _SLACK))
+        first = self._pick(self._scan(R, N, r0, np.arange(n), a, stop), n, lo, max_neg, min_neg, fallback)
+        # Settled within the band: the window is full, or it was scanned whole and either enough below lo
+        # followed it or the row ended.
+        n_w, n_b = first["n_w"], first["n_b"]
+        settled = (n_w >= max_neg) | ((stop >= b) & ((n_w + n_b >= min_neg) | (stop == k)))
+        again = np.flatnonzero(~settled)
+        second = (self._pick(self._scan(R, N, r0, again, a[again], np.full(len(again), k)), len(again), lo,
+                             max_neg, min_neg, fallback) if len(again) else None)
+        out = self._assemble(first)
+        if second is not None:
+            for r, m in zip(again.tolist(), self._assemble(second)):
+                out[r] = m
+        if "random" in fallback:
+            where = np.full(n, -1)
+            where[again] = np.arange(len(again))
+            for r in [r for r, m in enumerate(out) if len(m.neg_ids) < min_neg]:
+                # In row order: the shared rng makes the same draws as a walk example by example.
+                p, at = (first, r) if where[r] < 0 else (second, int(where[r]))
+                self._random_fill(r0 + r, out[r], p, at, all_scores, hi, max_neg, min_neg, rng)
+        return out
+
+    def _assemble(self, p: dict) -> list[Mined]:
+        """One Mined per row of a _pick, its lists sliced from the flat selection."""
+        ids = self.name_array[self.slot_tid[p["sel_slot"]]].tolist()
+        scores = p["sel_score"].tolist()
+        ends = np.cumsum(p["count"])
+        return [Mined(ids[a:b], scores[a:b], f, w) for a, b, f, w in
+                zip((ends - p["count"]).tolist(), ends.tolist(), (p["count"] - p["in_window"]).tolist(),
+                    p["in_window"].tolist())]
+
+    def _pick(self, items: _Items, n: int, lo: float, max_neg: int, min_neg: int,
+              fallback: list[str]) -> dict:
+        """The walk's outcome per row from its usable candidates: the first min(in window, max_negatives)
+        window ones, then, for a row short of min_negatives and with "below" in the fallback, the first
+        ones below lo (the walk never reaches below lo once the window is full)."""
+        w = items.score >= lo
+        n_all = np.bincount(items.row, minlength=n)
+        n_w = np.bincount(items.row[w], minlength=n)
+        in_window = np.minimum(n_w, max(max_neg, 0))
+        need = np.where(n_w < max_neg, np.maximum(min_neg - in_window, 0), 0)
+        extra = np.minimum(need, n_all - n_w) if "below" in fallback else np.zeros(n, np.int64)
+        rank = np.arange(len(w)) - np.repeat(np.cumsum(n_all) - n_all, n_all)
+        r_w, r_x = n_w[items.row], extra[items.row]
+        sel = (rank < in_window[items.row]) | ((rank >= r_w) & (rank < r_w + r_x))
+        return {"items": items, "n_w": n_w, "n_b": n_all - n_w, "in_window": in_window,
+                "count": in_window + extra, "start": np.cumsum(n_all) - n_all,
+                "sel_slot": items.slot[sel], "sel_score": items.score[sel]}
+
+    def _random_fill(self, i: int, mined: Mined, p: dict, r: int, all_scores, hi: float, max_neg: int,
+                     min_neg: int, rng: random.Random) -> None:
+        """Fill example i up to min_negatives with random candidates below hi, never one the walk took
+        (window or below lo, stored or not) nor an excluded one; the draws are one rng.shuffle of the
+        candidates' indices, as in the walk this replaces."""
+        items, start = p["items"], int(p["start"][r])
+        names, slots = self.names, items.slot[start:start + int(p["n_w"][r] + p["n_b"][r])]
+        tids = self.slot_tid[slots].tolist()
+        n_w = int(p["n_w"][r])
+        seen = set(tids[:int(p["in_window"][r])])
+        if n_w < max_neg:  # the walk went on below lo, one neighbour at a time, while short of min_negatives
+            below_pos = items.pos[start + n_w:start + len(tids)].tolist()
+            taken, current = len(seen), None
+            for t, q in zip(tids[n_w:], below_pos):
+                if q != current:
+                    if taken >= min_neg:
+                        break
+                    current = q
+                seen.add(t)
+                taken += 1
+        excluded = set(self.excl_nid[self.excl_ptr[i]:self.excl_ptr[i + 1]].tolist()) | {self.n_texts}
+        sims = np.round(all_scores(i).astype(np.float64), 6)
+        order = np.flatnonzero(sims < hi).tolist()
+        rng.shuffle(order)
+        if self._lists is None:  # plain lists: this loop reads them one element at a time
+            self._lists = self.slot_ptr.tolist(), self.slot_tid.tolist(), self.slot_nid.tolist()
+        ptr, slot_tid, slot_nid = self._lists
+        for j in order:
+            if len(mined.neg_ids) >= min_neg:
+                break
+            for slot in range(ptr[j], ptr[j + 1]):
+                tid = slot_tid[slot]
+                if len(mined.neg_ids) < min_neg and tid not in seen and slot_nid[slot] not in excluded:
                     seen.add(tid)
-                    (window if s >= lo else below).append((tid, s))
-        negs, in_window = window, len(window)
-        filled = 0
-        if len(negs) < min_neg and "below" in fallback:
-            extra = below[:min_neg - len(negs)]
-            negs, filled = negs + extra, filled + len(extra)
-        if len(negs) < min_neg and "random" in fallback:
-            sims = np.round(all_scores(i).astype(np.float64), 6)
-            order = np.flatnonzero(sims < hi).tolist()
-            rng.shuffle(order)
-            for j in order:
-                if len(negs) >= min_neg:
-                    break
-                for tid in self.candidates[j]:
-                    if len(negs) < min_neg and tid not in seen and self.usable(i, tid):
-                        seen.add(tid)
-                        negs.append((tid, float(sims[j])))
-                        filled += 1
-        return Mined([t for t, _ in negs], [s for _, s in negs], filled, in_window)
+                    mined.neg_ids.append(names[tid])
+                    mined.neg_scores.append(float(sims[j]))
+                    mined.fallback += 1

@@ -14,7 +14,7 @@ from care.encoders import build_encoder
 from care.encoders.cache import EmbeddingCache, embed
 from data_pipeline.dedup.clusters import clusters_from_edges, survivors
 from data_pipeline.dedup.exact import exact_clusters
-from data_pipeline.dedup.minhash import choose_bands_rows, minhash_pairs, s_curve
+from data_pipeline.dedup.minhash import BACKENDS, choose_bands_rows, minhash_pairs, s_curve
 from data_pipeline.dedup.normalize import Normalizer
 from data_pipeline.dedup.semantic import cosine_pairs, nearest_neighbour_cosine
 from data_pipeline.planted import plant, shared_texts
@@ -157,11 +157,12 @@ def test_planted_generator(planted):
     assert 0.1 < np.mean(np.array(near) >= 0.8) < 0.9    # both sides of the threshold are planted
 
 
-def test_minhash_recall_and_precision_on_planted(planted):
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_minhash_recall_and_precision_on_planted(planted, backend):
     rows, pairs = planted
     norm = Normalizer()
     texts = [norm(r["text"]) for r in rows]
-    res = minhash_pairs(texts, ngram=2, threshold=0.8, show_progress=False)
+    res = minhash_pairs(texts, ngram=2, threshold=0.8, show_progress=False, backend=backend)
     found = {(int(a), int(b)): s for a, b, s in zip(res.rows, res.cols, res.sims)}
     ref = ref_jaccard_pairs(texts, 2, 0.8)
     hit = set(found) & set(ref)

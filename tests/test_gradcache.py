@@ -18,6 +18,7 @@ import torch
 from hydra.utils import instantiate
 from omegaconf import OmegaConf
 
+from care.models import m3
 from care.models.m3 import tiny_m3
 from care.paths import PROJECT_ROOT
 from care.training import gradcache
@@ -94,6 +95,35 @@ def test_cached_equals_uncached_with_dropout(loss_name, chunk):
         assert gc_loss[k] == pytest.approx(ref_loss[k], rel=1e-12)
     assert all(g is not None for g in ref.values())
     for name in ref:  # every parameter: backbone, ColBERT head, sparse head
+        torch.testing.assert_close(got[name], ref[name], rtol=1e-7, atol=1e-9, msg=name)
+
+
+@pytest.mark.parametrize("blocks", ["1x1", "2 queries x 1", "all x 5 passages"])
+def test_cached_in_colbert_blocks_equals_uncached_in_one(blocks, monkeypatch):
+    """Issue #14: the loss over the cached pool computes the ColBERT score in blocks (1 query x 1 passage,
+    query slices, passage slices that do not divide the pool of 12); its gradients still equal the uncached
+    step's, whose score is one block (the whole similarity tensor)."""
+    loss_fn = preset("flagembedding")  # all three heads, ensemble and self-distillation
+
+    def step(cached: bool):
+        model = tiny_m3(dropout=0.1).double().train()
+        qb, pb = batches(model)
+        torch.manual_seed(7)
+        losses = (GradCache(loss_fn, chunk_size=5).step(model, qb, pb) if cached
+                  else uncached(model, loss_fn, qb, pb, 5))
+        return losses, {n: p.grad for n, p in model.named_parameters()}, qb, pb
+
+    ref_loss, ref, qb, pb = step(cached=False)
+    (n_q, q_len), (n_p, p_len) = ((len(b["input_ids"]), b["input_ids"].shape[1] - 1) for b in (qb, pb))
+    assert m3._colbert_blocks(n_q, q_len, n_p, p_len) == (n_q, n_p)  # the reference: one block
+    budget, want = {"1x1": (1, (1, 1)), "2 queries x 1": (2 * q_len * p_len, (2, 1)),
+                    "all x 5 passages": (5 * n_q * q_len * p_len, (n_q, 5))}[blocks]
+    monkeypatch.setattr(m3, "COLBERT_BLOCK_ELEMENTS", budget)
+    assert m3._colbert_blocks(n_q, q_len, n_p, p_len) == want
+    gc_loss, got, _, _ = step(cached=True)
+    for k in ref_loss:
+        assert gc_loss[k] == pytest.approx(ref_loss[k], rel=1e-12), k
+    for name in ref:
         torch.testing.assert_close(got[name], ref[name], rtol=1e-7, atol=1e-9, msg=name)
 
 

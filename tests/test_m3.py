@@ -147,7 +147,7 @@ def test_scores_match_flagembedding_definitions(texts, monkeypatch):
                      for b, m in zip(fpc, pb["attention_mask"].sum(1))]
                     for a, n in zip(fqc, qb["attention_mask"].sum(1))]
         torch.testing.assert_close(m3.colbert_scores(q, p), torch.tensor(expected))
-        monkeypatch.setattr(m3, "COLBERT_BLOCK_ELEMENTS", 1)  # one passage per block: same scores
+        monkeypatch.setattr(m3, "COLBERT_BLOCK_ELEMENTS", 1)  # one query x one passage per block: same scores
         torch.testing.assert_close(m3.colbert_scores(q, p), torch.tensor(expected))
 
 

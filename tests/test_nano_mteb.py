@@ -1,5 +1,5 @@
 """A Nano folder built by the `nano` stage, read and scored by the stock tools: mteb 2.x's own
-RetrievalDatasetLoader reads the `mteb` subset views, mteb.evaluate (through care/evaluation/mteb_adapter.py)
+RetrievalDatasetLoader reads the `mteb` subset views, mteb.evaluate (through care/evaluation/mteb_adapter/)
 scores full-corpus retrieval and the reranking of `reranking_hybrid` exactly as `evaluate.py benchmark=nano`
 does, and the pinned sentence-transformers' evaluators are checked against the same numbers.  No hub.
 

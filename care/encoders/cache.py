@@ -180,6 +180,32 @@ class EmbeddingCache:
             self._read(path, fingerprint, [])
         return len(paths)
 
+    def lookup(self, fingerprint: str, side: str, heads: Sequence[str], texts: Sequence[str]
+               ) -> tuple[np.ndarray, np.ndarray]:
+        """(found: bool per text, dense vectors of the found texts in order): what the cache already holds
+        for `texts`, encoding nothing (the scale benchmark's real vectors)."""
+        folder = self.folder(fingerprint, side, tuple(heads))
+        where = self._locate(folder, folder / "-", fingerprint) if folder.is_dir() else {}
+        keys = [text_key(t) for t in texts]
+        found = np.array([k in where for k in keys], dtype=bool)
+        rows_of: dict[Path, list[tuple[int, int]]] = {}
+        for pos, k in enumerate(keys):
+            if k in where:
+                path, row = where[k]
+                rows_of.setdefault(path, []).append((pos, row))
+        width = None
+        out: dict[int, np.ndarray] = {}
+        for path, pairs in rows_of.items():
+            dense = (self._read(path, fingerprint, ["dense"]) or {}).get("dense")
+            if dense is None:
+                found[[p for p, _ in pairs]] = False
+                continue
+            width = dense.shape[1]
+            for pos, row in pairs:
+                out[pos] = dense[row]
+        vectors = np.stack([out[p] for p in np.flatnonzero(found)]) if found.any() else np.zeros((0, width or 0))
+        return found, vectors.astype(np.float32)
+
     # ---- any text list ------------------------------------------------------------------------------------
 
     def get(self, fingerprint: str, side: str, heads: Sequence[str], texts: Sequence[str],

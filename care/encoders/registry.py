@@ -19,6 +19,7 @@ from care.encoders.prompts import Prompts
 from care.models.m3 import HEAD_FILES
 
 TRAINING_RECORD = "care_training.json"  # written by the trainer beside every model it saves
+CHECKPOINT_MODEL = "model"  # inside a training checkpoint (checkpoints/step-N/): its weights as a model folder
 
 
 def build_encoder(cfg: DictConfig | dict, device: str | None = None) -> Encoder:

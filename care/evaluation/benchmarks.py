@@ -4,6 +4,7 @@
     label: ...                    # shown above every table
     open_stand_in: true           # every output says so
     build: cmedteb_open           # optional: data_pipeline.benchmarks builds the task files when missing/stale
+                                  # (a list: several builders, e.g. [cmedteb_open, cmedqa2_retrieval])
     avg: CMedTEB Avg              # optional: the mean of the tasks' slot scores, on a 0-100 scale
     tasks:
       cmed_v1:
@@ -63,7 +64,7 @@ class Benchmark:
     label: str
     tasks: list[TaskSpec]
     open_stand_in: bool = False
-    build: str | None = None
+    build: str | list[str] | None = None
     avg: str | None = None
     note: str = ""
 

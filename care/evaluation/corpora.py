@@ -32,7 +32,8 @@ def load_benchmarks(cfg: dict, build: Callable[[str, dict, str], dict] | None = 
         if bench.build:
             if build is None:
                 raise ValueError(f"benchmark {bench.name} is built from the shared data ({bench.build}) but no builder was given")
-            build(bench.build, cfg["data"], cfg["data_out_root"])
+            for name in [bench.build] if isinstance(bench.build, str) else bench.build:
+                build(name, cfg["data"], cfg["data_out_root"])
         specs = resolve_paths(bench, where)
         bench.tasks = specs
         tasks = []

@@ -160,3 +160,41 @@ def write_summary(out: Path, run: str, benchmarks: list[Benchmark], rows: list[d
         fh.write(text)
     plot(out / "slots.png", benchmarks, rows)
     return text
+
+
+STEP = re.compile(r"/step-(\d+)$")
+
+
+def plot_steps(path: Path, benchmarks: list[Benchmark], rows: list[dict], metrics_file: Path) -> Path | None:
+    """Each slot and mean column against the training step, for rows named "<run>/step-N" (evaluate.py
+    ckpt=<run> checkpoints=all), with the run's validation curve (metrics.jsonl) on a second axis; None
+    when fewer than two checkpoints were scored."""
+    steps = sorted((int(m.group(1)), r) for r in rows if (m := STEP.search(r["name"])))
+    if len(steps) < 2:
+        return None
+    import json
+
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    cols = [c for c in columns(benchmarks) if c["slot"]] or columns(benchmarks)
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    x = [s for s, _ in steps]
+    for c in cols:
+        ax.plot(x, [r["scores"].get(c["key"]) for _, r in steps], marker="o", label=c["title"],
+                linewidth=2.5 if c["key"].endswith("/avg") else 1.2)
+    ax.set_xlabel("training step")
+    ax.set_ylabel("score (0-100)")
+    val = [json.loads(line) for line in metrics_file.read_text(encoding="utf-8").splitlines()] \
+        if metrics_file.is_file() else []
+    val = [(r["step"], v) for r in val for k, v in r.items() if k.startswith("val/") and k not in ("val/best", "val/seconds")]
+    if val:
+        twin = ax.twinx()
+        twin.plot([s for s, _ in val], [100 * v for _, v in val], color="0.3", linestyle="--", label="validation")
+        twin.set_ylabel("validation metric x 100 (dashed)")
+    ax.legend(fontsize=7, loc="lower right")
+    ax.set_title("Every checkpoint of the run")
+    fig.tight_layout()
+    return save_figure(fig, path)

@@ -84,3 +84,12 @@ def gain_interval(items: Mapping, reference: Mapping, *, seed: int = 0) -> dict[
     else:
         result = paired_query_bootstrap(items["per_query"], reference["per_query"], seed=seed)
     return {**result, **{k: 100 * result[k] for k in ("difference", "low", "high")}}
+
+
+def cell_items(record: dict | None, metric: str) -> dict | None:
+    """One table cell's per-item record from a task's `items`: each query's value of `metric`, or the STS
+    predictions (what gain_interval resamples)."""
+    if record is None or "predicted" in record:
+        return record
+    values = {q: v[metric] for q, v in record["per_query"].items() if metric in v}
+    return {"per_query": values} if values else None

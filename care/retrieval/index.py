@@ -1,4 +1,5 @@
-"""Exact inner-product search with FAISS, the one flat index every stage uses, and small ranking helpers."""
+"""Inner-product search with FAISS: the flat (exact) index every stage uses by default, the approximate IVF
+and HNSW indexes a stage can choose instead (`build_index`), and small ranking helpers."""
 from __future__ import annotations
 
 import faiss
@@ -18,6 +19,40 @@ def flat_index(vectors: np.ndarray, use_gpu: bool | None = None):
     x = np.ascontiguousarray(vectors, dtype=np.float32)
     index = faiss.IndexFlatIP(x.shape[1])
     index.add(x)
+    if uses_gpu(use_gpu):
+        index = faiss.index_cpu_to_all_gpus(index)
+    return index
+
+
+INDEX_KINDS = ("flat", "ivf", "hnsw")
+
+
+def build_index(vectors: np.ndarray, kind: str = "flat", use_gpu: bool | None = None, nlist: int | None = None,
+                nprobe: int = 32, hnsw_m: int = 32, ef_search: int = 256, seed: int = 0):
+    """An inner-product index over `vectors`: `flat` (exact; the default everywhere), or FAISS's two
+    approximate families for corpora where exact search stops being affordable (README, "Scale"):
+    `ivf` (IndexIVFFlat: `nlist` k-means cells, default 4 sqrt(N), `nprobe` searched) and `hnsw`
+    (IndexHNSWFlat: `hnsw_m` links a node, `ef_search` candidates a query).  Every kind answers `search`
+    and `range_search` with the same calls, so a stage swaps one for another by config alone; recall
+    against flat is measured by `make bench-scale`."""
+    if kind not in INDEX_KINDS:
+        raise ValueError(f"index kind must be one of {', '.join(INDEX_KINDS)}, not {kind!r}")
+    if kind == "flat":
+        return flat_index(vectors, use_gpu)
+    x = np.ascontiguousarray(vectors, dtype=np.float32)
+    n, d = x.shape
+    if kind == "hnsw":
+        index = faiss.IndexHNSWFlat(d, hnsw_m, faiss.METRIC_INNER_PRODUCT)
+        index.hnsw.efSearch = ef_search
+        index.add(x)
+        return index
+    cells = int(nlist or max(1, min(n // 39, round(4 * np.sqrt(n)))))  # FAISS wants >= 39 points a cell
+    index = faiss.IndexIVFFlat(faiss.IndexFlatIP(d), d, cells, faiss.METRIC_INNER_PRODUCT)
+    rng = np.random.default_rng(seed)
+    sample = x[rng.choice(n, size=min(n, 256 * cells), replace=False)] if n > 256 * cells else x
+    index.train(sample)
+    index.add(x)
+    index.nprobe = min(nprobe, cells)
     if uses_gpu(use_gpu):
         index = faiss.index_cpu_to_all_gpus(index)
     return index

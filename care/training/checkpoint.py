@@ -2,6 +2,8 @@
 
     checkpoints/step-NNNNNNN/   state.pt (model, optimizer, schedule, position, early stopping, config hash)
                                 + rng-<rank>.pt per process; everything loads with torch.load(weights_only=True)
+                                + model/ (the same weights as a model folder with care_training.json, so
+                                evaluate.py ckpt=<run> checkpoints=all scores every checkpoint)
 
 Resume is exact: the same weights as an uninterrupted run, bit for bit on CPU in fp32.  That needs the model,
 AdamW's moments, the schedule, every RNG (dropout) and the data position; the data position is just
@@ -23,15 +25,13 @@ import torch
 from accelerate.utils import gather_object
 from omegaconf import DictConfig, OmegaConf
 
+from care.config import RUN_SETTINGS, without_keys
 from care.data.io import atomic_folder, file_digest
-from care.encoders.registry import TRAINING_RECORD
+from care.encoders.registry import CHECKPOINT_MODEL, TRAINING_RECORD
 from care.models.hub import weights_digest
 
 # Settings that do not change the trained weights: a run may resume with other values for these.
-RESUME_SAFE = ("trainer.resume", "trainer.max_steps_this_session", "trainer.num_workers", "trainer.log_every",
-               "trainer.checkpoint_every", "trainer.keep_checkpoints", "validation.batch_size", "wandb",
-               "overwrite", "output_dir", "run_name", "experiment_name", "hydra", "data.dir", "data.texts",
-               "data.examples")
+RESUME_SAFE = RUN_SETTINGS
 # What a run folder holds besides its checkpoints (overwrite=true removes all of it).
 RUN_OUTPUTS = ("checkpoints", "best", "tuned", "final", "metrics.jsonl", "curves.png")
 
@@ -52,13 +52,7 @@ class AlreadyFinished(ResumeError):
 def config_hash(cfg: DictConfig) -> str:
     """What determines the trained weights: the resolved config without RESUME_SAFE keys, plus the content
     of the training files and the starting weights (not their paths, which may move)."""
-    c = OmegaConf.to_container(cfg, resolve=True)
-    for key in RESUME_SAFE:
-        *parents, leaf = key.split(".")
-        node = c
-        for p in parents:
-            node = node.get(p, {})
-        node.pop(leaf, None)
+    c = without_keys(OmegaConf.to_container(cfg, resolve=True), RESUME_SAFE)
     c["data_digest"] = [file_digest(cfg.data.texts), file_digest(cfg.data.examples)]
     paths = [cfg.model[side].path for side in ("query", "document")] if "query" in cfg.model else [cfg.model.path]
     c["start_weights"] = [weights_digest(p) for p in paths] if len(paths) > 1 else weights_digest(paths[0])
@@ -116,9 +110,10 @@ class RunFolder:
     def checkpoints(self) -> list[Path]:
         return sorted((self.out / "checkpoints").glob("step-[0-9]*[0-9]"))
 
-    def save(self, step: int, state: dict, keep: int) -> Path:
+    def save(self, step: int, state: dict, keep: int, write_model=None) -> Path:
         """state.pt and every process's RNG state, written by the main process into a folder that appears
-        complete or not at all; only the newest `keep` checkpoints stay."""
+        complete or not at all; only the newest `keep` checkpoints stay.  `write_model(folder)` (main
+        process) adds `model/`, the weights as a model folder evaluate.py scores (CHECKPOINT_MODEL)."""
         acc = self.accelerator
         rng = gather_object([rng_state()])  # one per process, in rank order
         final = self.out / "checkpoints" / f"step-{step:07d}"
@@ -128,6 +123,8 @@ class RunFolder:
                            tmp / "state.pt")
                 for rank, r in enumerate(rng):
                     torch.save(r, tmp / f"rng-{rank}.pt")
+                if write_model is not None:
+                    write_model(tmp / CHECKPOINT_MODEL)
             for old in self.checkpoints()[:-keep]:
                 shutil.rmtree(old)
         acc.wait_for_everyone()

@@ -118,15 +118,21 @@ class GradCache:
         if leaves:
             torch.autograd.backward(out["loss"] * world_size(), inputs=leaves)
 
+        # Only the cached gradients are needed from here on: dropping the loss graph and the representations
+        # keeps the re-forward's peak memory flat as the pool grows (README, "Tests and benchmarks").
+        losses = {k: float(v.detach()) for k, v in out.items()}
+        cached = [({k: v.grad for k, v in reps.items() if v.grad is not None}, states) for reps, states in passes]
+        del out, leaves, q_reps, p_reps, passes
+
         # 3. re-forward each trainable tower's chunks with gradients and push the cached gradient through
         jobs = []
-        for (m, chunks), (reps, states) in zip(towers, passes):
+        for (m, chunks), (grads_all, states) in zip(towers, cached):
             if not trainable(m):
                 continue
             start = 0
             for chunk, state in zip(chunks, states):
                 n = len(next(iter(chunk.values())))
-                grads = {k: v.grad[start:start + n] for k, v in reps.items() if v.grad is not None}
+                grads = {k: g[start:start + n] for k, g in grads_all.items()}
                 if grads:
                     jobs.append((m, chunk, state, grads))
                 start += n
@@ -138,4 +144,4 @@ class GradCache:
                     fresh = as_dict(m(**chunk))
                 self._backward(sum((fresh[k].to(g.dtype) * g).sum() for k, g in grads.items()))
         after_first_pass.restore()  # leave the RNG where one plain forward pass would have left it
-        return {k: float(v.detach()) for k, v in out.items()}
+        return losses

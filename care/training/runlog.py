@@ -10,6 +10,7 @@ import psutil
 import torch
 from omegaconf import DictConfig, OmegaConf
 
+from care.config import recipe_group
 from care.data.io import atomic_open, read_jsonl, save_figure
 
 
@@ -36,6 +37,9 @@ class RunLog:
             self.accelerator.init_trackers(
                 self.cfg.wandb.project, config=OmegaConf.to_container(self.cfg, resolve=True),
                 init_kwargs={"wandb": {"name": self.cfg.run_name, "mode": wandb_mode(self.cfg),
+                                       # one group per recipe: the seeds of a recipe side by side, as
+                                       # care/evaluation/compare.py groups their evaluations
+                                       "group": recipe_group(OmegaConf.to_container(self.cfg, resolve=True)),
                                        "dir": str(self.path.parent), "id": f"{self.cfg.run_name}-{self.hash}",
                                        "resume": "allow"}})
 

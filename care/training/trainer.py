@@ -135,7 +135,20 @@ class Trainer:
                  "early_stopping": self.stopper.state_dict() if self.stopper else None}
         if len(models) > 1:
             state["document_model"] = models[1].state_dict()
-        return self.folder.save(self.step, state, self.cfg.trainer.keep_checkpoints)
+        return self.folder.save(self.step, state, self.cfg.trainer.keep_checkpoints,
+                                write_model=lambda folder: self.save_model(models, folder))
+
+    def save_model(self, models: list[torch.nn.Module], folder: Path) -> Path:
+        """The family's model folder with its training record (what evaluate.py detects and scores)."""
+        self.family.save(models, folder)
+        write_json(folder / TRAINING_RECORD, self.training_record(folder, weights=f"step {self.step}"))
+        return folder
+
+    def training_record(self, folder: Path, weights: str, merge: dict | None = None) -> dict:
+        return {"config_hash": self.hash, "steps": self.step, "stop_reason": self.stop_reason,
+                "data": self.data.stats, "validation": self.validation_summary(), "weights": weights,
+                "merge": merge, "model": self.family.model_config(folder),
+                "config": OmegaConf.to_container(self.cfg, resolve=True)}
 
     def resume(self, folder: Path) -> None:
         state = self.folder.load(folder)
@@ -279,11 +292,9 @@ class Trainer:
                 self.family.save(self.unwrapped(), tuned)
             if merge_weight is not None:
                 self.family.merge_with_start(tuned, final, merge_weight)
-            info = {"config_hash": self.hash, "steps": self.step, "stop_reason": self.stop_reason,
-                    "data": self.data.stats, "validation": self.validation_summary(), "weights": f"best (step {self.stopper.best_step})" if use_best else "last",
-                    "merge": None if merge_weight is None else {
-                        "weight": merge_weight, "start": str(self.cfg.model.path), "tuned": str(tuned)},
-                    "model": self.family.model_config(final), "config": OmegaConf.to_container(self.cfg, resolve=True)}
+            merge = None if merge_weight is None else {
+                "weight": merge_weight, "start": str(self.cfg.model.path), "tuned": str(tuned)}
+            info = self.training_record(final, f"best (step {self.stopper.best_step})" if use_best else "last", merge)
             write_json(final / TRAINING_RECORD, info)
             if merge_weight is not None:  # tuned/ is a model of its own: evaluate.py ckpt=<run> scores both
                 write_json(tuned / TRAINING_RECORD, {**info, "merge": None, "model": self.family.model_config(tuned)})

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 from tqdm.auto import tqdm
 
-from care.retrieval.index import flat_index, unit_rows, uses_gpu
+from care.retrieval.index import build_index, flat_index, unit_rows, uses_gpu
 
 # GPU FAISS's flat index answers at most this many neighbours per query.
 GPU_MAX_K = 2048
@@ -50,11 +50,14 @@ def _topk_above(index, xq, qid, threshold, k, max_k):
 
 
 def cosine_pairs(vectors: np.ndarray, threshold: float, search: str = "auto", topk: int = 64,
-                 block: int = 4096, use_gpu: bool | None = None, show_progress: bool = True) -> CosinePairs:
-    """Every pair (i < j) with cosine >= threshold, without an N x N matrix."""
+                 block: int = 4096, use_gpu: bool | None = None, show_progress: bool = True,
+                 index: dict | None = None) -> CosinePairs:
+    """Every pair (i < j) with cosine >= threshold, without an N x N matrix.  `index`: build_index's
+    options (default flat, exact; dedup.semantic.index), e.g. {kind: hnsw} for corpora of millions."""
     x = unit_rows(vectors)
     n = len(x)
-    index, on_gpu = flat_index(x, use_gpu), uses_gpu(use_gpu)
+    on_gpu = uses_gpu(use_gpu)
+    index = build_index(x, use_gpu=use_gpu, **(index or {}))
     method = ("topk" if on_gpu else "range") if search == "auto" else search
     if method == "range" and on_gpu:
         raise ValueError("GPU FAISS has no range_search: use dedup.semantic.search=topk or auto")

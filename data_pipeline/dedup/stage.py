@@ -253,7 +253,8 @@ def _semantic(cfg: DictConfig, texts: list[str], thresholds: dict, out: Path):
     extra["encode_seconds"] = round(time.perf_counter() - t_enc, 3)
     if extra["encoded"]:
         extra["encode_texts_per_s"] = round(extra["encoded"] / max(extra["encode_seconds"], 1e-9), 1)
-    found = cosine_pairs(vectors, cut, s.search, s.topk, s.block)
+    found = cosine_pairs(vectors, cut, s.search, s.topk, s.block,
+                         index=OmegaConf.to_container(s.index, resolve=True) if s.get("index") else None)
     nn = nearest_neighbour_cosine(vectors, s.block)
     plot_nn_histogram(out / "nn_similarity.png", nn, cut,
                       f"{encoder.name}: nearest-neighbour cosine of {len(texts):,} texts")

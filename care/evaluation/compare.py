@@ -1,0 +1,220 @@
+"""Compare evaluation runs across seeds: `python -m care.evaluation.compare RUN [RUN ...] [--a A --b B]`.
+
+Each RUN is an evaluate.py output folder (summary.json and the per-task JSON).  Every model row is put in
+a group: a trained model by its recipe, the training config its folder records (care_training.json)
+without the seed and the run settings (care.config.recipe; wandb groups training runs by the same key), so
+the seeds of one recipe form one group; a model with no training record (a baseline) is its own group.
+The table shows, per group and table cell, the mean and standard deviation over its runs (seeds).  Two
+groups (`--a`, `--b`: a group's number in the table or a word of its label; default the first two trained
+groups) get a gain row with a paired-bootstrap 95% interval per cell (care/evaluation/significance.py) over
+the pooled per-query values: each query's value averaged over the group's seeds, so the interval is the
+evaluation set's noise left after averaging the seeds; the spread between seeds is the sd column.
+Writes compare.md, compare.json and compare.png to --out (default outputs/compare/<time>).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+
+from care.config import recipe, recipe_group
+from care.data.io import atomic_open, save_figure, write_json
+from care.encoders.registry import TRAINING_RECORD
+from care.evaluation.significance import cell_items, gain_interval
+from care.paths import outputs_dir
+
+
+def _slug(text: str) -> str:  # evaluate.py's folder name of a model
+    return re.sub(r"[^A-Za-z0-9_.-]+", "_", text).strip("_") or "model"
+
+
+def _flat(d: dict, prefix: str = "") -> dict[str, str]:
+    out = {}
+    for k, v in d.items():
+        if isinstance(v, dict):
+            out.update(_flat(v, f"{prefix}{k}."))
+        else:
+            out[f"{prefix}{k}"] = json.dumps(v, sort_keys=True, default=str)
+    return out
+
+
+def _training_config(row: dict) -> dict | None:
+    path = row.get("model_path")
+    record = Path(path) / TRAINING_RECORD if path else None
+    if record is None or not record.is_file():
+        return None
+    return json.loads(record.read_text(encoding="utf-8")).get("config")
+
+
+def load_rows(runs: Sequence[str | Path]) -> list[dict]:
+    """Every model row of every run: {run, name, label, scores, config (or None), seed, group, columns}."""
+    rows = []
+    for run in runs:
+        summary = Path(run) / "summary.json"
+        if not summary.is_file():
+            raise FileNotFoundError(f"{run} is not an evaluation run folder (no summary.json)")
+        s = json.loads(summary.read_text(encoding="utf-8"))
+        for m in s["models"]:
+            config = _training_config(m)
+            rows.append({"run": str(run), "name": m["name"], "label": m["label"], "scores": m["scores"],
+                         "config": config, "seed": config.get("seed") if config else None,
+                         "group": recipe_group(config) if config else f"model:{m['name']}",
+                         "columns": s["columns"]})
+    if not rows:
+        raise ValueError("no model rows in the given runs")
+    return rows
+
+
+def groups(rows: list[dict]) -> list[dict]:
+    """Rows grouped by recipe, labelled by what tells the recipes apart (the config keys whose values
+    differ between the groups) or, for a baseline, by its name."""
+    by_key: dict[str, list[dict]] = {}
+    for r in rows:
+        by_key.setdefault(r["group"], []).append(r)
+    trained = {k: _flat(recipe(v[0]["config"])) for k, v in by_key.items() if v[0]["config"] is not None}
+    keys = sorted({k for f in trained.values() for k in f})
+    differing = [k for k in keys if len({f.get(k) for f in trained.values()}) > 1]
+    out = []
+    for key, members in by_key.items():
+        if key in trained:
+            label = ", ".join(f"{k}={json.loads(trained[key][k]) if k in trained[key] else '-'}"
+                              for k in differing) or members[0]["config"].get("run_name", key)
+        else:
+            label = members[0]["label"]
+        out.append({"key": key, "label": label, "trained": key in trained, "rows": members,
+                    "seeds": sorted({str(r["seed"]) for r in members if r["seed"] is not None})})
+    return out
+
+
+def _cell_values(group: dict, column: str) -> list[float]:
+    return [r["scores"][column] for r in group["rows"] if column in r["scores"]]
+
+
+def pooled_items(group: dict, column: str) -> dict | None:
+    """The group's per-item record of one cell, each item averaged over its runs (seeds)."""
+    bench, task, *metric = column.split("/")
+    records = []
+    for r in group["rows"]:
+        path = Path(r["run"]) / _slug(r["name"]) / bench / f"{task}.json"
+        if task == "avg" or not path.is_file():
+            return None
+        record = json.loads(path.read_text(encoding="utf-8"))
+        records.append(cell_items(record.get("items"), metric[0] if metric else record["primary"]))
+    if not records or any(x is None for x in records):
+        return None
+    if "predicted" in records[0]:
+        return {"predicted": np.mean([x["predicted"] for x in records], axis=0).tolist(), "gold": records[0]["gold"]}
+    queries = set.intersection(*(set(x["per_query"]) for x in records))
+    return {"per_query": {q: float(np.mean([x["per_query"][q] for x in records])) for q in sorted(queries)}}
+
+
+def _pick(found: list[dict], which: str | None, default: int) -> dict:
+    if which is None:
+        return found[default]
+    if which.isdigit():
+        return found[int(which) - 1]
+    match = [g for g in found if which in g["label"]]
+    if len(match) != 1:
+        raise ValueError(f"--a/--b {which!r} matches {len(match)} groups: {[g['label'] for g in found]}")
+    return match[0]
+
+
+def compare(runs: Sequence[str | Path], a: str | None = None, b: str | None = None, seed: int = 0) -> dict:
+    rows = load_rows(runs)
+    found = groups(rows)
+    columns = list(dict.fromkeys(c["key"] for r in rows for c in r["columns"]))
+    titles = {c["key"]: c["title"] for r in rows for c in r["columns"]}
+    table = []
+    for g in found:
+        cells = {}
+        for c in columns:
+            v = _cell_values(g, c)
+            if v:
+                cells[c] = {"mean": float(np.mean(v)), "sd": float(np.std(v, ddof=1)) if len(v) > 1 else None,
+                            "n": len(v)}
+        table.append({"label": g["label"], "key": g["key"], "seeds": g["seeds"], "runs": len(g["rows"]),
+                      "cells": cells})
+    result = {"runs": [str(r) for r in runs], "columns": columns, "titles": titles, "groups": table}
+    trained = [g for g in found if g["trained"]]
+    if len(trained) >= 2 or (a and b):
+        pool = trained if len(trained) >= 2 else found
+        ga, gb = _pick(pool, a, 1), _pick(pool, b, 0)
+        result["gain"] = {"of": ga["label"], "over": gb["label"], "intervals": {
+            c: gain_interval(pooled_items(ga, c), pooled_items(gb, c), seed=seed) for c in columns}}
+    return result
+
+
+def markdown(result: dict) -> str:
+    cols = result["columns"]
+    head = ["Group", "runs (seeds)"] + [result["titles"].get(c, c) for c in cols]
+    lines = ["| " + " | ".join(head) + " |", "|" + "|".join(["---", "---"] + ["---:"] * len(cols)) + "|"]
+    for g in result["groups"]:
+        cells = []
+        for c in cols:
+            x = g["cells"].get(c)
+            cells.append("" if x is None else f"{x['mean']:.2f}" + (f" ± {x['sd']:.2f}" if x["sd"] is not None else ""))
+        seeds = f"{g['runs']} ({', '.join(g['seeds'])})" if g["seeds"] else str(g["runs"])
+        lines.append("| " + " | ".join([g["label"], seeds, *cells]) + " |")
+    if "gain" in result:
+        gain = result["gain"]
+        cells = []
+        for c in cols:
+            i = gain["intervals"].get(c)
+            cells.append("" if not i else f"{i['difference']:+.2f} [{i['low']:+.2f}, {i['high']:+.2f}]"
+                         + ("*" if i["low"] > 0 or i["high"] < 0 else ""))
+        lines.append("| " + " | ".join([f"gain of {gain['of']} over {gain['over']}", "pooled", *cells]) + " |")
+        lines += ["", ("Mean ± sd over each group's runs (seeds). Gain: paired bootstrap over the queries (STS: "
+                       "pairs) of each query's value averaged over the group's seeds, 95%; * = excludes 0.")]
+    return "\n".join(lines) + "\n"
+
+
+def plot(result: dict, path: Path) -> Path:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    cols = result["columns"]
+    fig, ax = plt.subplots(figsize=(max(6, 1.4 * len(cols)), 4.5))
+    width = 0.8 / max(1, len(result["groups"]))
+    x = np.arange(len(cols))
+    for i, g in enumerate(result["groups"]):
+        means = [g["cells"].get(c, {}).get("mean", 0.0) for c in cols]
+        sds = [g["cells"].get(c, {}).get("sd") or 0.0 for c in cols]
+        ax.bar(x + (i - (len(result["groups"]) - 1) / 2) * width, means, width, yerr=sds, capsize=2, label=g["label"])
+    ax.set_xticks(x, [result["titles"].get(c, c) for c in cols], rotation=20, ha="right")
+    ax.set_ylabel("score (0-100), mean ± sd over seeds")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    return save_figure(fig, path)
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("runs", nargs="+", help="evaluate.py output folders")
+    ap.add_argument("--a", help="the group whose gain is shown (number in the table or a word of its label)")
+    ap.add_argument("--b", help="the reference group")
+    ap.add_argument("--out", help="where compare.md / .json / .png go (default outputs/compare/<time>)")
+    args = ap.parse_args(argv)
+    try:
+        result = compare(args.runs, args.a, args.b)
+    except (FileNotFoundError, ValueError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(1)
+    out = Path(args.out) if args.out else outputs_dir() / "compare" / time.strftime("%Y-%m-%d_%H-%M-%S")
+    text = markdown(result)
+    write_json(out / "compare.json", result)
+    with atomic_open(out / "compare.md") as fh:
+        fh.write(text)
+    plot(result, out / "compare.png")
+    print(text + f"\nwritten to {out}")
+
+
+if __name__ == "__main__":
+    main()

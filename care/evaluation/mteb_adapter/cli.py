@@ -1,0 +1,129 @@
+"""The command line (python -m care.evaluation.mteb_adapter), and the encoder evaluate.py builds.
+
+    python -m care.evaluation.mteb_adapter model=tiny_bert benchmark=cmedteb_open [keys=cmed_v1,sts]
+    python -m care.evaluation.mteb_adapter ckpt=<folder> benchmark=cmedteb benchmark.tasks.sts.path=...
+    python -m care.evaluation.mteb_adapter model=bge_m3 tasks=CMedQAv2-reranking,CmedqaRetrieval=/data/Cmedqa
+    python -m care.evaluation.mteb_adapter model=tiny_bert nano=outputs/data/nano/CMedNanoOpen [reranking=true]
+    python -m care.evaluation.mteb_adapter ckpt=outputs/train/<run>/final nano=<folder> [splits=a,b]
+
+The benchmark and task runs print, per task, mteb's main score and the project's counterpart (evaluate.py's
+runners on the same data in the same process, dense head) with the difference; `cache=true` shares the
+evaluate embedding cache between the two.  Any other key=value is an evaluate override.
+"""
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+from care.data.nano import resolve
+from care.encoders import Encoder
+from care.encoders.cache import EmbeddingCache
+from care.evaluation.mteb_adapter.model import MtebEncoder, import_mteb
+from care.evaluation.mteb_adapter.nano import MAIN_SCORES, run_mteb
+from care.evaluation.mteb_adapter.run import compare, print_comparison
+from care.evaluation.mteb_adapter.tasks import benchmark_tasks, cmteb_task
+
+
+def evaluate_config(overrides: Sequence[str]) -> dict:
+    """evaluate.py's config for the same overrides, resolved; `model=<folder>` is taken as `ckpt=<folder>`."""
+    from omegaconf import OmegaConf
+
+    from care.config import load_config
+
+    rest = []
+    for o in overrides:
+        key, _, value = o.partition("=")
+        if key == "model" and ("/" in value or Path(value).expanduser().is_dir()):  # a folder, not a config name
+            o = f"ckpt={value}"
+        rest.append(o)
+    return OmegaConf.to_container(load_config("evaluate", rest), resolve=True)
+
+
+def encoder_from_config(overrides: Sequence[str] | Mapping) -> Encoder:
+    """The encoder evaluate.py builds for the same overrides (or resolved evaluate config): `model=<conf/model
+    name>`, or a checkpoint folder as `ckpt=<folder>` or `model=<folder>` (built like evaluate.py's ckpt=, from
+    the folder's own record or the `model` config), plus any evaluate override (`model.path=...`,
+    `max_length=...`, `device=...`)."""
+    from care.encoders import build_encoder, detect
+    from care.evaluation.corpora import evaluation_model
+
+    cfg = overrides if isinstance(overrides, Mapping) else evaluate_config(overrides)
+    model = cfg["model"]
+    if cfg.get("ckpt"):
+        folder = Path(cfg["ckpt"]).expanduser().resolve()
+        model = detect(folder, model) if folder.is_dir() else None
+        if model is None:
+            raise FileNotFoundError(f"ckpt={cfg['ckpt']}: not a model folder (no config.json, care_training.json "
+                                    "or M3 head files)")
+    return build_encoder(evaluation_model(model, cfg.get("max_length")), device=cfg.get("device"))
+
+
+#: what main() needs told: one of these
+USAGE = ("say what to run: benchmark=<conf/benchmark name> (cmedteb_open: the open stand-in; cmedteb: your own "
+         "copy, with benchmark.tasks.<slot>.path=...), tasks=<mteb task>[=<local copy>],... (e.g. "
+         "tasks=CMedQAv2-reranking,CmedqaRetrieval=/data/CmedqaRetrieval), or nano=<Nano folder>")
+
+
+def _truthy(value: str) -> bool:
+    return value.lower() in ("1", "true", "yes")
+
+
+def main(argv: Sequence[str]) -> dict:
+    """The command line: one of
+
+        model=<name>|ckpt=<folder> benchmark=<name> [keys=a,b] [tasks=NAME[=PATH],...] [cache=true]
+        model=<name>|ckpt=<folder> tasks=NAME[=PATH],... [cache=true]
+        model=<name>|ckpt=<folder> nano=<folder> [splits=a,b] [reranking=true] [source=loader]
+
+    Every other key=value (or ~key) is an evaluate override (benchmark.tasks.<key>.path=..., max_length=...,
+    batch_size=...); the extra_benchmark runs only when an override names it (benchmark@extra_benchmark=...).
+    Returns compare()'s rows (run_mteb's {split: scores} for nano=)."""
+    own = {"nano": None, "splits": None, "reranking": "false", "source": "memory", "tasks": None, "keys": None,
+           "cache": "false"}
+    overrides = []
+    for arg in argv:
+        key, eq, value = arg.partition("=")
+        if not eq and not arg.startswith("~"):  # ~key: a Hydra deletion (e.g. ~benchmark.tasks.cmed_v1)
+            raise ValueError(f"argument {arg!r}: expected key=value")
+        if key in own:
+            own[key] = value
+        else:
+            overrides.append(arg)
+    keys = [o.partition("=")[0].lstrip("+") for o in overrides]
+    extra = any("extra_benchmark" in k and not k.startswith("~") for k in keys)
+    benchmark = extra or any(k == "benchmark" or k.startswith("benchmark.") for k in keys)
+    if own["nano"]:
+        if benchmark or own["tasks"]:
+            raise ValueError("nano= runs on its own: give benchmark= or tasks= in a run of their own")
+        return main_nano(own, overrides)
+    if not benchmark and not own["tasks"]:
+        raise ValueError(USAGE)
+    cfg = evaluate_config(overrides)
+    if not extra:
+        cfg["extra_benchmark"] = None
+    encoder = encoder_from_config(cfg)
+    tasks = benchmark_tasks(cfg, keys=own["keys"].split(",") if own["keys"] else None) if benchmark else []
+    for item in filter(None, (own["tasks"] or "").split(",")):
+        name, _, path = item.partition("=")
+        tasks.append(cmteb_task(name.strip(), path.strip() or None))
+    cache = EmbeddingCache(cfg["cache"]["dir"]) if _truthy(own["cache"]) else None
+    rows = compare(encoder, tasks, batch_size=cfg["batch_size"], cache=cache, depth=cfg["depth"], seed=cfg["seed"])
+    sim = MtebEncoder(encoder).similarity_name
+    print_comparison(rows, f"mteb {import_mteb().__version__} | {encoder.name} | {sim} | project: evaluate.py's "
+                           "runners in this process, dense head | scores 0-100")
+    return rows
+
+
+def main_nano(own: dict, overrides: Sequence[str]) -> dict:
+    encoder = encoder_from_config(overrides)
+    reranking = _truthy(own["reranking"])
+    splits = own["splits"].split(",") if own["splits"] else None
+    got = run_mteb(encoder, own["nano"], splits, reranking=reranking, source=own["source"])
+    names = [*MAIN_SCORES, "main_score"]
+    print(f"mteb {import_mteb().__version__} | {encoder.name} | {resolve(own['nano'])}"
+          + (" | reranking reranking_hybrid" if reranking else " | full-corpus retrieval"))
+    print("| split | " + " | ".join(names) + " |")
+    print("|---|" + "---:|" * len(names))
+    for split, s in got.items():
+        print(f"| {split} | " + " | ".join(f"{100 * s[n]:.2f}" if n in s else "-" for n in names) + " |")
+    return got

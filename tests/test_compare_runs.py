@@ -1,0 +1,96 @@
+"""care.evaluation.compare groups evaluated models by training recipe (seed and run settings ignored), gives
+mean ± sd over seeds and a paired-bootstrap gain over the seed-averaged per-query values."""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from care.config import recipe_group
+from care.evaluation.compare import compare, main
+from care.evaluation.significance import gain_interval
+
+QUERIES = [f"q{i}" for i in range(30)]
+
+
+def _model(root, name, group_size, seed, log_every):
+    folder = root / "models" / name
+    folder.mkdir(parents=True)
+    config = {"seed": seed, "run_name": name, "trainer": {"group_size": group_size, "lr": 2e-5, "log_every": log_every},
+              "model": {"name": "me5_small"}}
+    (folder / "care_training.json").write_text(json.dumps({"config": config}), encoding="utf-8")
+    return folder
+
+
+def _run(root, run, models: dict, rng):
+    """An evaluate.py-shaped folder: summary.json and one task JSON per model with per-query nDCG@10."""
+    out = root / run
+    rows, truth = [], {}
+    for name, (path, shift) in models.items():
+        per_query = {q: float(np.clip(rng.normal(0.5 + shift, 0.2), 0, 1)) for q in QUERIES}
+        truth[name] = per_query
+        task = out / name / "nano" / "kuake_qtr.json"
+        task.parent.mkdir(parents=True)
+        task.write_text(json.dumps({"primary": "ndcg_cut_10",
+                                    "items": {"per_query": {q: {"ndcg_cut_10": v} for q, v in per_query.items()}}}))
+        mean = 100 * float(np.mean(list(per_query.values())))
+        rows.append({"name": name, "label": name, "model_path": str(path) if path else None,
+                     "scores": {"nano/kuake_qtr": mean, "nano/avg": mean}})
+    columns = [{"key": "nano/kuake_qtr", "title": "kuake_qtr nDCG@10"}, {"key": "nano/avg", "title": "Retrieval mean"}]
+    (out / "summary.json").write_text(json.dumps({"models": rows, "columns": columns}), encoding="utf-8")
+    return out, truth
+
+
+@pytest.fixture
+def runs(tmp_path):
+    rng = np.random.default_rng(0)
+    m = {name: _model(tmp_path, name, gs, seed, log_every)
+         for name, gs, seed, log_every in [("inbatch-s0", 1, 0, 10), ("inbatch-s1", 1, 1, 50),
+                                           ("hard3-s0", 4, 0, 10), ("hard3-s1", 4, 1, 10)]}
+    r1, t1 = _run(tmp_path, "eval1", {"inbatch-s0": (m["inbatch-s0"], 0.0), "hard3-s0": (m["hard3-s0"], 0.1),
+                                      "bm25": (None, -0.1)}, rng)
+    r2, t2 = _run(tmp_path, "eval2", {"inbatch-s1": (m["inbatch-s1"], 0.0), "hard3-s1": (m["hard3-s1"], 0.1)}, rng)
+    return [r1, r2], {**t1, **t2}
+
+
+def test_groups_by_recipe_with_mean_sd_and_a_pooled_gain(runs):
+    folders, truth = runs
+    result = compare(folders)
+    labels = [g["label"] for g in result["groups"]]
+    assert labels == ["trainer.group_size=1", "trainer.group_size=4", "bm25"]  # log_every and seed do not split
+    inbatch = result["groups"][0]
+    assert inbatch["seeds"] == ["0", "1"] and inbatch["runs"] == 2
+    values = [100 * np.mean(list(truth[n].values())) for n in ("inbatch-s0", "inbatch-s1")]
+    cell = inbatch["cells"]["nano/kuake_qtr"]
+    assert cell["mean"] == pytest.approx(np.mean(values)) and cell["sd"] == pytest.approx(np.std(values, ddof=1))
+    assert result["groups"][2]["cells"]["nano/kuake_qtr"]["sd"] is None  # one run: no spread
+
+    pooled = {name: {q: np.mean([truth[f"{name}-s{s}"][q] for s in (0, 1)]) for q in QUERIES}
+              for name in ("inbatch", "hard3")}
+    want = gain_interval({"per_query": pooled["inbatch"]}, {"per_query": pooled["hard3"]})
+    got = result["gain"]["intervals"]["nano/kuake_qtr"]
+    assert result["gain"]["of"] == "trainer.group_size=4" or result["gain"]["over"] == "trainer.group_size=4"
+    sign = 1 if result["gain"]["of"] == "trainer.group_size=1" else -1
+    assert sign * got["difference"] == pytest.approx(want["difference"])
+    assert result["gain"]["intervals"]["nano/avg"] is None  # a mean column has no per-query values
+
+
+def test_chosen_groups_and_the_cli_files(runs, tmp_path, capsys):
+    folders, _ = runs
+    result = compare(folders, a="group_size=4", b="1")
+    assert result["gain"]["of"] == "trainer.group_size=4" and result["gain"]["over"] == "trainer.group_size=1"
+    main([*map(str, folders), "--a", "2", "--b", "1", "--out", str(tmp_path / "cmp")])
+    text = capsys.readouterr().out
+    assert "±" in text and "gain of trainer.group_size=4 over trainer.group_size=1" in text
+    assert (tmp_path / "cmp" / "compare.png").read_bytes()[:4] == b"\x89PNG"
+    assert json.loads((tmp_path / "cmp" / "compare.json").read_text())["groups"][0]["runs"] == 2
+    with pytest.raises(ValueError, match="matches 0 groups"):
+        compare(folders, a="no-such", b="1")
+
+
+def test_recipe_group_ignores_seed_and_run_settings_only():
+    base = {"seed": 0, "run_name": "a", "trainer": {"lr": 1e-5, "log_every": 10}}
+    assert recipe_group(base) == recipe_group({**base, "seed": 3, "run_name": "b",
+                                               "trainer": {"lr": 1e-5, "log_every": 99}})
+    assert recipe_group(base) != recipe_group({**base, "trainer": {"lr": 2e-5, "log_every": 10}})
