@@ -103,6 +103,9 @@ def measure(what: str, n: int, dim: int = 384) -> dict:
         if what == "ann_real":  # recall means something only where neighbours exist: real vectors only
             x, n = x[real], int(real.sum())
             out["n_real"] = n
+            if n < 1000:  # a fresh clone's cache is empty until evaluate.py or the nano stage has run
+                return {**out, "skipped": "fewer than 1,000 me5 vectors in the embedding cache: run "
+                                          "`python evaluate.py` (or make run) first, then make bench-scale"}
         queries = x[np.random.default_rng(1).choice(n, size=min(QUERY_SAMPLE, n), replace=False)]
         base, t0 = _peak_mb(), time.perf_counter()
         if what == "semantic":      # the blocked range search of the dedup stage, over a query sample
