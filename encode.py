@@ -28,7 +28,7 @@ from tqdm.auto import tqdm
 import care  # noqa: F401  (registers the ${paths:...} resolver)
 from care.config import CONF_DIR, run_reporting_bad_input
 from care.data.io import read_text_store
-from care.encoders import Encoder, build_encoder, detect
+from care.encoders import Encoder, build_encoder
 from care.encoders.cache import EmbeddingCache
 from care.evaluation import corpora
 from data_pipeline import benchmarks as builders
@@ -79,18 +79,6 @@ def make_shards(encoder: Encoder, groups: list[tuple[str | None, list[str]]], si
     return shards
 
 
-def model_config(cfg: dict) -> dict:
-    """The model config evaluation would build for `model=` or `ckpt=` (token limit capped the same way)."""
-    model = cfg["model"]
-    if cfg.get("ckpt"):
-        path = Path(cfg["ckpt"]).expanduser().resolve()
-        model = detect(path, model) if path.is_dir() else None
-        if model is None:
-            raise FileNotFoundError(f"ckpt={cfg['ckpt']}: {path} is not a model folder (no config.json, "
-                                    "care_training.json or M3 head files)")
-    return corpora.evaluation_model(model, cfg.get("max_length"))
-
-
 def select_heads(encoder: Encoder, wanted) -> tuple[str, ...]:
     """The heads evaluation's scorer uses for `heads=` (care.retrieval.scorer.EncoderScorer): part of the key."""
     heads = tuple(h for h in encoder.heads if wanted is None or h in wanted)
@@ -126,7 +114,7 @@ def encode(cfg: DictConfig | dict, accelerator=None, on_shard=None) -> dict:
     rank, world, main = acc.process_index, acc.num_processes, acc.is_main_process
     with acc.main_process_first():  # a stand-in benchmark is built by the main process, then read by all
         groups, counts = corpus_groups(cfg, show_progress=main)
-    model = model_config(cfg)
+    model = corpora.model_from_app_config(cfg)
     encoder = build_encoder(model, device=str(acc.device))
     heads = select_heads(encoder, cfg.get("heads"))
     shards = make_shards(encoder, groups, int(cfg["shard_size"]))

@@ -5,10 +5,12 @@ texts, the task types or the model settings, hence on the cache keys:
     load_benchmarks(cfg, build)   the `benchmark` and `extra_benchmark` of an app config, each task loaded
     document_texts(loaded)        every text the task runners embed on the document side, by task type
     evaluation_model(model, n)    the model config as evaluation builds it (token limit capped at n)
+    model_from_app_config(cfg)    that config for an app's `model=` or `ckpt=<model folder>`
 """
 from __future__ import annotations
 
 from collections.abc import Callable
+from pathlib import Path
 
 from tqdm.auto import tqdm
 
@@ -70,3 +72,18 @@ def evaluation_model(model: dict, max_length: int | None) -> dict:
         return model
     model["max_length"] = min(int(model.get("max_length", 512)), int(max_length))
     return model
+
+
+def model_from_app_config(cfg: dict) -> dict:
+    """The model config evaluation would build for an app config's `model=` or `ckpt=<one model folder>`
+    (care.encoders.registry.detect), token limit capped by its `max_length` (encode.py, the mteb adapter)."""
+    from care.encoders.registry import detect
+
+    model = cfg["model"]
+    if cfg.get("ckpt"):
+        path = Path(cfg["ckpt"]).expanduser().resolve()
+        model = detect(path, model) if path.is_dir() else None
+        if model is None:
+            raise FileNotFoundError(f"ckpt={cfg['ckpt']}: {path} is not a model folder (no config.json, "
+                                    "care_training.json or M3 head files)")
+    return evaluation_model(model, cfg.get("max_length"))

@@ -44,18 +44,11 @@ def encoder_from_config(overrides: Sequence[str] | Mapping) -> Encoder:
     name>`, or a checkpoint folder as `ckpt=<folder>` or `model=<folder>` (built like evaluate.py's ckpt=, from
     the folder's own record or the `model` config), plus any evaluate override (`model.path=...`,
     `max_length=...`, `device=...`)."""
-    from care.encoders import build_encoder, detect
-    from care.evaluation.corpora import evaluation_model
+    from care.encoders import build_encoder
+    from care.evaluation.corpora import model_from_app_config
 
     cfg = overrides if isinstance(overrides, Mapping) else evaluate_config(overrides)
-    model = cfg["model"]
-    if cfg.get("ckpt"):
-        folder = Path(cfg["ckpt"]).expanduser().resolve()
-        model = detect(folder, model) if folder.is_dir() else None
-        if model is None:
-            raise FileNotFoundError(f"ckpt={cfg['ckpt']}: not a model folder (no config.json, care_training.json "
-                                    "or M3 head files)")
-    return build_encoder(evaluation_model(model, cfg.get("max_length")), device=cfg.get("device"))
+    return build_encoder(model_from_app_config(cfg), device=cfg.get("device"))
 
 
 #: what main() needs told: one of these
