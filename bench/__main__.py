@@ -20,6 +20,7 @@ BENCHES = {
     "mining": "bench.mining_bench",
     "eval": "bench.eval_bench",
     "train": "bench.train_bench",
+    "encode": "bench.encode_bench",
 }
 
 

@@ -82,3 +82,30 @@ def ref_scores(enc: FakeM3, query: str, docs: list[str], weights=(1.0, 0.3, 1.0)
            "colbert": np.array([ref_colbert(q.colbert[0], c) for c in d.colbert])}
     out["hybrid"] = (weights[0] * out["dense"] + weights[1] * out["sparse"] + weights[2] * out["colbert"]) / sum(weights)
     return out
+
+
+class Recorder:
+    """A project Encoder stand-in for the mteb adapter tests: records each call's side, task type and texts;
+    a text's vector is [its length, 1 + (sum of its code points mod 7)]."""
+
+    name, heads = "recorder", ("dense",)
+
+    def __init__(self):
+        from care.encoders.prompts import Prompts
+
+        self.prompts, self.calls, self.fingerprint = Prompts(), [], "f" * 16
+        self.online_parameters, self.online_embedding_parameters = 7, 0
+
+    @staticmethod
+    def vector(text: str) -> list[float]:
+        return [len(text), 1.0 + sum(map(ord, text)) % 7]
+
+    def _encode(self, side, texts, task):
+        self.calls.append((side, task, list(texts)))
+        return Embeddings(dense=np.array([self.vector(t) for t in texts], dtype=np.float32))
+
+    def encode_queries(self, texts, batch_size=32, heads=("dense",), show_progress=False, task=None):
+        return self._encode("query", texts, task)
+
+    def encode_documents(self, texts, batch_size=32, heads=("dense",), show_progress=False, task=None):
+        return self._encode("document", texts, task)

@@ -136,15 +136,24 @@ def test_multi_head_encoder_scores_sparse_colbert_and_hybrid(samples):
 def test_acc_at_n_uses_the_sampled_negatives(samples):
     data = load_task("retrieval", samples["retrieval"])
     n, enc = 20, FakeM3()
-    got = run_retrieval(data, EncoderScorer(enc, heads=["dense"], show_progress=False), [f"acc_{n}"], seed=3)["dense"][f"acc_{n}"]
+    items: dict = {}
+    got = run_retrieval(data, EncoderScorer(enc, heads=["dense"], show_progress=False), [f"acc_{n}", "mrr_10"],
+                        seed=3, items=items)["dense"][f"acc_{n}"]
     # reference: the same trials (metrics.sample_acc_trials, seeded) scored by brute force
     from care.evaluation.metrics import sample_acc_trials
 
     qids, dids = list(data.queries), list(data.docs)
     full = enc.encode([data.queries[q] for q in qids], "query", 32, ["dense"], False).dense @ enc.encode(list(data.docs.values()), "query", 32, ["dense"], False).dense.T
     relevant = [[dids.index(d) for d, g in data.qrels[q].items() if g >= 1] for q in qids]
-    wins = [full[q, p] > full[q, negs].max() for q, p, negs in sample_acc_trials(relevant, n, len(dids), seed=3)]
+    trials = list(sample_acc_trials(relevant, n, len(dids), seed=3))
+    wins = [full[q, p] > full[q, negs].max() for q, p, negs in trials]
     assert got == pytest.approx(np.mean(wins))
+    # its items are the trials (what compare.py / evaluate.py's gain rows resample), beside the queries' mrr_10
+    per_item = items["dense"]["per_query"]
+    acc = {k: v[f"acc_{n}"] for k, v in per_item.items() if f"acc_{n}" in v}
+    assert acc == {f"{qids[q]}#{dids[p]}": float(w) for (q, p, _), w in zip(trials, wins)}
+    assert 0 < sum(acc.values()) < len(acc)  # both outcomes occur: the check can tell trials apart
+    assert {k for k, v in per_item.items() if "mrr_10" in v} == set(qids)
 
 
 # ---- BM25 -------------------------------------------------------------------------------------------------

@@ -18,8 +18,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-import numpy as np
 import pytest
+from _evaluation_helpers import Recorder
 
 from care.config import load_config
 from care.data.io import write_jsonl
@@ -242,30 +242,6 @@ def test_local_copies_of_cmteb_tasks(files, encoder, ours, tmp_path):
 
 
 # ---- prompt routing ------------------------------------------------------------------------------------------
-
-class Recorder:
-    """A project Encoder stand-in: records each call's side, task type and texts; vectors from the text."""
-
-    name, heads = "recorder", ("dense",)
-
-    def __init__(self):
-        from care.encoders.prompts import Prompts
-
-        self.prompts, self.calls, self.fingerprint = Prompts(), [], "f" * 16
-        self.online_parameters, self.online_embedding_parameters = 7, 0
-
-    def _encode(self, side, texts, task):
-        from care.encoders import Embeddings
-
-        self.calls.append((side, task, list(texts)))
-        return Embeddings(dense=np.array([[len(t), 1.0 + sum(map(ord, t)) % 7] for t in texts], dtype=np.float32))
-
-    def encode_queries(self, texts, batch_size=32, heads=("dense",), show_progress=False, task=None):
-        return self._encode("query", texts, task)
-
-    def encode_documents(self, texts, batch_size=32, heads=("dense",), show_progress=False, task=None):
-        return self._encode("document", texts, task)
-
 
 def test_prompt_routing(tasks):
     """Documents never go through encode_queries in a retrieval or reranking task, queries never through

@@ -20,6 +20,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from _evaluation_helpers import Recorder
 
 from care.config import load_config
 from care.data.nano import HYBRID, load_split
@@ -190,30 +191,6 @@ def test_mteb_reranking_without_safeguard_equals_the_nosg_view(nano, encoder, ou
 
 # ---- the model protocol --------------------------------------------------------------------------------------
 
-class Recorder:
-    """A project Encoder stand-in: records each call's side and task type; vectors from the text length."""
-
-    name, heads = "recorder", ("dense",)
-
-    def __init__(self):
-        from care.encoders.prompts import Prompts
-
-        self.prompts, self.calls, self.fingerprint = Prompts(), [], "f" * 16
-        self.online_parameters, self.online_embedding_parameters = 7, 0
-
-    def _encode(self, side, texts, task):
-        from care.encoders import Embeddings
-
-        self.calls.append((side, task, list(texts)))
-        return Embeddings(dense=np.array([[len(t), 1.0] for t in texts], dtype=np.float64))
-
-    def encode_queries(self, texts, batch_size=32, heads=("dense",), show_progress=False, task=None):
-        return self._encode("query", texts, task)
-
-    def encode_documents(self, texts, batch_size=32, heads=("dense",), show_progress=False, task=None):
-        return self._encode("document", texts, task)
-
-
 def test_mteb_encoder_protocol_sides_and_task_types(nano):
     from datasets import Dataset
     from mteb._create_dataloaders import create_dataloader
@@ -245,7 +222,9 @@ def test_mteb_encoder_protocol_sides_and_task_types(nano):
     assert rec.calls[-1][:2] == ("query", "retrieval")  # a Nano split's hybrid view: retrieval, as evaluate.py
     run(model, retrieval, None)
     assert rec.calls[-1][0] == "query"  # symmetric tasks (STS) embed both sides as queries
-    assert float(MtebEncoder(rec, similarity="dot").similarity(out, out)[0, 0]) == pytest.approx(2.0)
+    first = np.array(Recorder.vector(texts[0]))  # dot, not cosine (which would give 1.0)
+    assert float(MtebEncoder(rec, similarity="dot").similarity(out, out)[0, 0]) == pytest.approx(first @ first)
+    assert first @ first != pytest.approx(1.0)
 
 
 # ---- the command line ----------------------------------------------------------------------------------------

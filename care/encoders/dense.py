@@ -1,8 +1,31 @@
 """A dense encoder over any Hugging Face backbone: pooling, optional prefixes, L2 normalisation,
-optional Matryoshka truncation.  multilingual-e5-small and the tiny test models use it."""
+optional Matryoshka truncation.  multilingual-e5-small and the tiny test models use it.
+
+`backend` picks what runs the forward pass (the tokeniser, pooling and normalisation stay the same):
+
+torch        the Hugging Face model in PyTorch (default; the only one that trains, and the only one on a GPU)
+onnx         the model exported to ONNX and run by ONNX Runtime, fp32: CPU only, needs `onnxruntime` and
+             `onnx`.  The same network: vectors within ~1e-7 of torch's, every score of `evaluate.py` equal
+             to 4 decimals for me5_small, and 1.8-2.8x the documents/s of the torch path on 2 cores
+             (bench/encode_bench.py); exporting costs 10-20 s at load.  The CPU option for a first evaluation.
+onnx_int8    that export dynamically quantised to int8 by ONNX Runtime (per-channel weights)
+torch_int8   the torch model with every nn.Linear dynamically quantised to int8 (torch.ao, per-channel)
+
+The int8 backends are faster still (2-6x) but not offered for scores: on me5_small they move benchmark slots
+by up to 1.1 (onnx_int8, CMed v2) and 2.3 points (torch_int8, CMed v1), against a budget of 0.1; and they
+quantise activations with one scale per batch, so a text's vector depends on the texts batched with it
+(cosine down to 0.996 / 0.990 between a text alone and in a batch), which no cache key can capture.  They
+stay for speed-only work (smoke runs, profiling).
+
+Every backend but torch enters the side identity (`identity`), so the embedding cache never hands vectors of
+one backend to another; torch adds nothing, so the vectors cached before backends existed stay valid.
+"""
 from __future__ import annotations
 
+import logging
+import tempfile
 from collections.abc import Callable, Sequence
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -22,9 +45,11 @@ def pick_device(device: str | None = None) -> torch.device:
 
 
 def batched_forward(texts: Sequence[str], batch_size: int, show_progress: bool, desc: str,
-                    step: Callable[[list[str]], list]) -> list:
-    """Run `step(batch_texts)` over texts sorted by length (less padding), return results in input order."""
-    order = sorted(range(len(texts)), key=lambda i: -len(texts[i]))
+                    step: Callable[[list[str]], list], lengths: Sequence[int] | None = None) -> list:
+    """Run `step(batch_texts)` over texts sorted by length, longest first (less padding), return results in
+    input order.  `lengths`: each text's token count (token_lengths); characters when not given."""
+    key = lengths if lengths is not None else [len(t) for t in texts]
+    order = sorted(range(len(texts)), key=lambda i: -key[i])
     out: list = [None] * len(texts)
     starts = range(0, len(order), batch_size)
     for s in tqdm(starts, desc=desc, disable=not show_progress, unit="batch"):
@@ -34,17 +59,110 @@ def batched_forward(texts: Sequence[str], batch_size: int, show_progress: bool, 
     return out
 
 
+def token_lengths(tokenizer, texts: Sequence[str], max_length: int) -> list[int]:
+    """Each text's token count after truncation: the sort key that pads least.  Characters are a loose proxy
+    (a Latin word is one to a few tokens, a Chinese character one): on the evaluation's document texts, batches
+    of 64 sorted by characters carry 1.29 tokens per real token, sorted by tokens 1.14 (bench/encode_bench.py,
+    `padding`).  One extra pass of the fast tokenizer costs little beside the forward."""
+    if not texts:
+        return []
+    return [len(ids) for ids in tokenizer(list(texts), truncation=True, max_length=max_length)["input_ids"]]
+
+
+BACKENDS = ("torch", "torch_int8", "onnx", "onnx_int8")
+
+
+def check_backend(backend: str, device: torch.device) -> None:
+    """An unknown backend, or a CPU-only one asked to run on a GPU, stops before any weights load."""
+    if backend not in BACKENDS:
+        raise ValueError(f"unknown dense encoder backend {backend!r} (choose one of {', '.join(BACKENDS)})")
+    if backend != "torch" and device.type != "cpu":
+        raise ValueError(f"backend {backend!r} runs on the CPU only, the encoder was given device {device}; "
+                         f"use device=cpu or backend=torch")
+
+
+def quantize_linear_int8(model: torch.nn.Module) -> torch.nn.Module:
+    """Every nn.Linear of `model` replaced, in place, by torch's dynamic int8 one: int8 weights with one scale
+    per output channel (one per tensor doubles the error: mean cosine to fp32 on me5_small 0.981 against
+    0.989), activations quantised with one scale per batch as they come."""
+    import warnings
+
+    from torch.ao.quantization import per_channel_dynamic_qconfig, quantize_dynamic
+
+    with warnings.catch_warnings():  # torch.ao announces its move to torchao; the API still works in this torch
+        warnings.simplefilter("ignore")
+        return quantize_dynamic(model, {torch.nn.Linear: per_channel_dynamic_qconfig}, inplace=True)
+
+
+class OnnxForward:
+    """`model(**batch).last_hidden_state` of a Hugging Face encoder, by ONNX Runtime: the model is exported
+    (torch.onnx, the TorchScript exporter, dynamic batch and sequence axes), optionally quantised to int8
+    (onnxruntime.quantization.quantize_dynamic, per-channel weights), loaded into a session with as many
+    intra-op threads as torch uses, and the files removed: a session holds its graph in memory."""
+
+    def __init__(self, model: torch.nn.Module, example: dict[str, torch.Tensor], int8: bool = False):
+        try:
+            import onnxruntime as ort
+        except ImportError as e:
+            raise ImportError("the onnx / onnx_int8 backends need onnxruntime and onnx "
+                              "(pip install onnxruntime==1.32.0 onnx==1.23.2)") from e
+        self.names = list(example)
+        with tempfile.TemporaryDirectory() as tmp:
+            path = Path(tmp) / "model.onnx"
+            self._export(model, example, path)
+            if int8:
+                from onnxruntime.quantization import QuantType, quantize_dynamic
+
+                quantized = Path(tmp) / "model.int8.onnx"
+                previous = logging.root.manager.disable
+                logging.disable(logging.WARNING)  # one INFO line per tensor, and advice, to the root logger
+                try:
+                    quantize_dynamic(path, quantized, weight_type=QuantType.QInt8, per_channel=True)
+                finally:
+                    logging.disable(previous)
+                path = quantized
+            options = ort.SessionOptions()
+            options.intra_op_num_threads = torch.get_num_threads()
+            options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+            self.session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+
+    def _export(self, model: torch.nn.Module, example: dict[str, torch.Tensor], path: Path) -> None:
+        import warnings
+
+        names = self.names
+
+        class LastHidden(torch.nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.model = model
+
+            def forward(self, *inputs):
+                return self.model(**dict(zip(names, inputs))).last_hidden_state
+
+        axes = {n: {0: "batch", 1: "tokens"} for n in [*names, "last_hidden_state"]}
+        with warnings.catch_warnings(), torch.no_grad():  # the TorchScript exporter warns of its deprecation
+            warnings.simplefilter("ignore")
+            torch.onnx.export(LastHidden().eval(), tuple(example[n] for n in names), str(path), input_names=names,
+                              output_names=["last_hidden_state"], dynamic_axes=axes, opset_version=17,
+                              dynamo=False)
+
+    def __call__(self, **batch: torch.Tensor) -> torch.Tensor:
+        feed = {n: batch[n].cpu().numpy() for n in self.names}
+        return torch.from_numpy(self.session.run(None, feed)[0])
+
+
 def progress_label(name: str, side: str) -> str:
     return f"{name} {'queries' if side == 'query' else 'documents'}"
 
 
 class HFDenseEncoder(Encoder):
-    """One backbone for queries and documents (symmetric)."""
+    """One backbone for queries and documents (symmetric).  `backend`: what runs the forward pass (BACKENDS,
+    the module docstring); any but torch is CPU only and inference only (`embed` is then not differentiable)."""
 
     def __init__(self, path: str, name: str = "dense", pooling: str = "cls", query_prefix: str = "",
                  doc_prefix: str = "", max_length: int = 512, normalize: bool = True,
                  truncate_dim: int | None = None, device: str | None = None, padding_side: str = "right",
-                 build_hint: str = ""):
+                 build_hint: str = "", backend: str = "torch"):
         self.path = str(path)
         self.name = name
         self.pooling = pooling
@@ -52,30 +170,51 @@ class HFDenseEncoder(Encoder):
         self.max_length = max_length
         self.normalize = normalize
         self.truncate_dim = truncate_dim
-        self.device = pick_device(device)
+        self.backend = backend
+        self.device = torch.device("cpu") if device in (None, "auto") and backend != "torch" else pick_device(device)
+        check_backend(backend, self.device)
         local = resolve_model_path(path, build_hint)
         self.tokenizer = AutoTokenizer.from_pretrained(local)
         self.tokenizer.padding_side = padding_side
         self.model = load_encoder_model(local).to(self.device).eval()
+        # Counted before quantising: torch's int8 Linear keeps its weights out of parameters(), and the network
+        # that runs is the same size whatever runs it.
+        self._parameters = sum(p.numel() for p in self.model.parameters())
+        self._onnx: OnnxForward | None = None
+        if backend == "torch_int8":
+            quantize_linear_int8(self.model)
+        elif backend in ("onnx", "onnx_int8"):
+            # A padded example: with no padding in it, transformers would trace the attention mask away.
+            example = self.tokenizer(["a", "a " * 8], padding=True, return_tensors="pt")
+            self._onnx = OnnxForward(self.model, dict(example), int8=backend == "onnx_int8")
 
     def identity(self, side: str) -> dict:
-        return {"class": type(self).__name__, "weights": weights_digest(self.path), "path": self.path,
-                "pooling": self.pooling, "qp": self.prompts.query, "dp": self.prompts.document,
-                "max_length": self.max_length, "normalize": self.normalize, "dim": self.truncate_dim}
+        ident = {"class": type(self).__name__, "weights": weights_digest(self.path), "path": self.path,
+                 "pooling": self.pooling, "qp": self.prompts.query, "dp": self.prompts.document,
+                 "max_length": self.max_length, "normalize": self.normalize, "dim": self.truncate_dim}
+        # Only a non-default backend is recorded, so the fingerprints of torch encoders (and their caches) are
+        # the ones they had before backends existed.
+        return ident if self.backend == "torch" else {**ident, "backend": self.backend}
 
     @property
     def online_parameters(self) -> int:
-        return sum(p.numel() for p in self.model.parameters())
+        return self._parameters
 
     @property
     def online_embedding_parameters(self) -> int:
         return self.model.get_input_embeddings().weight.numel()
 
+    def hidden_states(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        """The last hidden states of a tokenised batch, by the encoder's backend."""
+        if self._onnx is not None:
+            return self._onnx(**batch)
+        return self.model(**batch).last_hidden_state
+
     def embed(self, texts: Sequence[str]) -> torch.Tensor:
-        """Differentiable dense vectors for already-prompted texts."""
+        """Dense vectors for already-prompted texts (differentiable with the torch backend)."""
         batch = self.tokenizer(list(texts), padding=True, truncation=True, max_length=self.max_length,
                                return_tensors="pt").to(self.device)
-        hidden = self.model(**batch).last_hidden_state
+        hidden = self.hidden_states(batch)
         vec = pool(hidden, batch["attention_mask"], self.pooling)
         if self.normalize:
             vec = torch.nn.functional.normalize(vec.float(), dim=-1)
@@ -86,6 +225,7 @@ class HFDenseEncoder(Encoder):
     @torch.inference_mode()
     def encode(self, texts, side, batch_size, heads, show_progress) -> Embeddings:
         rows = batched_forward(texts, batch_size, show_progress, progress_label(self.name, side),
-                               lambda b: self.embed(b).float().cpu().numpy())
+                               lambda b: self.embed(b).float().cpu().numpy(),
+                               lengths=token_lengths(self.tokenizer, texts, self.max_length))
         dim = self.truncate_dim or self.model.config.hidden_size
         return Embeddings(dense=np.stack(rows).astype(np.float32) if rows else np.zeros((0, dim), np.float32))

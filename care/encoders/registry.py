@@ -32,7 +32,8 @@ def build_encoder(cfg: DictConfig | dict, device: str | None = None) -> Encoder:
         from care.encoders.dense import HFDenseEncoder
 
         return HFDenseEncoder(str(c["path"]), normalize=c.get("normalize", True), truncate_dim=c.get("truncate_dim"),
-                              padding_side=c.get("padding_side", "right"), **common)
+                              padding_side=c.get("padding_side", "right"), backend=c.get("backend", "torch"),
+                              **common)
     if kind == "m3":
         from care.encoders.m3 import M3Encoder
 

@@ -187,13 +187,15 @@ def sample_acc_trials(relevant: Sequence[Collection[int]], n: int, corpus_size: 
 
 def accuracy_at_n(scores: np.ndarray | Callable[[int, np.ndarray], np.ndarray],
                   relevant: Sequence[Collection[int]], n: int, *, corpus_size: int | None = None,
-                  seed: int = 0) -> float:
+                  seed: int = 0, trials_out: list | None = None) -> float:
     """Acc@N: the fraction of (query, positive) trials in which the positive scores strictly higher than
     all N - 1 sampled negatives.  A tie with any negative is a failure (a model that scores everything
     alike must not get credit).  Queries with no relevant doc contribute no trial.
 
     `scores` is a queries x corpus matrix, or `fn(query_index, doc_indices) -> scores` so the full matrix
-    never has to exist, e.g. `lambda q, docs: doc_emb[docs] @ query_emb[q]`; then pass `corpus_size`."""
+    never has to exist, e.g. `lambda q, docs: doc_emb[docs] @ query_emb[q]`; then pass `corpus_size`.
+    `trials_out`, a list, receives each trial as `(query index, positive index, won)`: Acc@N's items (its
+    value is their mean), what a paired bootstrap of two models resamples."""
     if callable(scores):
         if corpus_size is None:
             raise ValueError("pass corpus_size with a scoring function")
@@ -212,8 +214,11 @@ def accuracy_at_n(scores: np.ndarray | Callable[[int, np.ndarray], np.ndarray],
     for query, positive, negatives in tqdm(sample_acc_trials(relevant, n, corpus_size, seed), total=total,
                                            desc=f"Acc@{n}", unit="trial", leave=False):
         candidate_scores = np.asarray(score_fn(query, np.concatenate(([positive], negatives))))
-        wins += bool(candidate_scores[0] > candidate_scores[1:].max())
+        won = bool(candidate_scores[0] > candidate_scores[1:].max())
+        wins += won
         trials += 1
+        if trials_out is not None:
+            trials_out.append((query, positive, won))
     if not trials:
         raise ValueError("no query has a relevant document: Acc@N is undefined")
     return wins / trials

@@ -42,7 +42,10 @@ def run_retrieval(data: TaskData, scorer, metrics: Sequence[str], depth: int = 1
                   items: dict | None = None) -> dict[str, dict[str, float]]:
     """Every query against the whole corpus; trec metrics on the top `depth`, Acc@N (`acc_N`) by sampling
     N - 1 random negatives per (query, positive) pair (care.evaluation.metrics.accuracy_at_n).
-    `items`, a dict, receives each method's per-query values (Acc@N has none: it is a rate over trials)."""
+    `items`, a dict, receives each method's per-query values; Acc@N is a rate over (query, positive) trials,
+    so its items are the trials, under `<query id>#<positive id>` with only `acc_N` (0 or 1): their mean
+    is the cell, and a paired bootstrap resamples them (the sampled negatives depend on `seed` alone, so two
+    models face the same trials)."""
     qids, dids = list(data.queries), list(data.docs)
     prepared = scorer.prepare([data.queries[q] for q in qids], [data.docs[d] for d in dids], task=data.type)
     trec = [m for m in metrics if not m.startswith("acc_")]
@@ -56,8 +59,13 @@ def run_retrieval(data: TaskData, scorer, metrics: Sequence[str], depth: int = 1
         results[method] = _trec(run_from_topk(qids, dids, idx, scores), data, trec, method, items) if trec else {}
         for m in metrics:
             if m.startswith("acc_"):
+                trials: list = []
                 results[method][m] = accuracy_at_n(partial(prepared.score, method), relevant, int(m[4:]),
-                                                   corpus_size=len(dids), seed=seed)
+                                                   corpus_size=len(dids), seed=seed, trials_out=trials)
+                if items is not None:
+                    per_item = items.setdefault(method, {"per_query": {}})["per_query"]
+                    for q, positive, won in trials:
+                        per_item.setdefault(f"{qids[q]}#{dids[positive]}", {})[m] = float(won)
     return results
 
 

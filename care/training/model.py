@@ -110,6 +110,10 @@ class M3Family:
 
 def build_family(cfg: DictConfig) -> TrainableFamily:
     kind = cfg.model.get("kind", "dense")
+    backend = cfg.model.get("backend", "torch")
+    if backend != "torch":  # care/encoders/dense.py: the other backends run inference only
+        raise ValueError(f"model {cfg.model.get('name')} has backend {backend!r}, which only encodes; "
+                         f"train with the torch backend (model.backend=torch)")
     if kind in ("dense", "m3"):
         return M3Family(cfg)
     if kind == "care":
