@@ -87,6 +87,9 @@ def test_chosen_groups_and_the_cli_files(runs, tmp_path, capsys):
     assert json.loads((tmp_path / "cmp" / "compare.json").read_text())["groups"][0]["runs"] == 2
     with pytest.raises(ValueError, match="matches 0 groups"):
         compare(folders, a="no-such", b="1")
+    # a baseline can be chosen too, by label or by its row number in the table (numbers count every row)
+    for b in ("bm25", "3"):
+        assert compare(folders, a="group_size=1", b=b)["gain"]["over"] == "bm25"
 
 
 def test_recipe_group_ignores_seed_and_run_settings_only():

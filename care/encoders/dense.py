@@ -6,12 +6,12 @@ optional Matryoshka truncation.  multilingual-e5-small and the tiny test models 
 torch        the Hugging Face model in PyTorch (default; the only one that trains, and the only one on a GPU)
 onnx         the model exported to ONNX and run by ONNX Runtime, fp32: CPU only, needs `onnxruntime` and
              `onnx`.  The same network: vectors within ~1e-7 of torch's, every score of `evaluate.py` equal
-             to 4 decimals for me5_small, and 1.8-2.8x the documents/s of the torch path on 2 cores
+             to 4 decimals for me5_small, and 1.8-2.1x the documents/s of the torch path on 2 cores
              (bench/encode_bench.py); exporting costs 10-20 s at load.  The CPU option for a first evaluation.
 onnx_int8    that export dynamically quantised to int8 by ONNX Runtime (per-channel weights)
 torch_int8   the torch model with every nn.Linear dynamically quantised to int8 (torch.ao, per-channel)
 
-The int8 backends are faster still (2-6x) but not offered for scores: on me5_small they move benchmark slots
+The int8 backends are faster still (2.3-3.7x) but not offered for scores: on me5_small they move benchmark slots
 by up to 1.1 (onnx_int8, CMed v2) and 2.3 points (torch_int8, CMed v1), against a budget of 0.1; and they
 quantise activations with one scale per batch, so a text's vector depends on the texts batched with it
 (cosine down to 0.996 / 0.990 between a text alone and in a batch), which no cache key can capture.  They

@@ -114,9 +114,8 @@ def pooled_items(group: dict, column: str) -> dict | None:
     return {"per_query": {q: float(np.mean([x["per_query"][q] for x in records])) for q in sorted(queries)}}
 
 
-def _pick(found: list[dict], which: str | None, default: int) -> dict:
-    if which is None:
-        return found[default]
+def _pick(found: list[dict], which: str) -> dict:
+    """A group by its row number in the table or a unique word of its label."""
     if which.isdigit():
         return found[int(which) - 1]
     match = [g for g in found if which in g["label"]]
@@ -143,8 +142,9 @@ def compare(runs: Sequence[str | Path], a: str | None = None, b: str | None = No
     result = {"runs": [str(r) for r in runs], "columns": columns, "titles": titles, "groups": table}
     trained = [g for g in found if g["trained"]]
     if len(trained) >= 2 or (a and b):
-        pool = trained if len(trained) >= 2 else found
-        ga, gb = _pick(pool, a, 1), _pick(pool, b, 0)
+        # Chosen among all the table's groups (a baseline too); by default the first two trained ones.
+        ga = _pick(found, a) if a else trained[1]
+        gb = _pick(found, b) if b else trained[0]
         result["gain"] = {"of": ga["label"], "over": gb["label"], "intervals": {
             c: gain_interval(pooled_items(ga, c), pooled_items(gb, c), seed=seed) for c in columns}}
     return result
