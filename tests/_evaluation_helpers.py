@@ -84,6 +84,29 @@ def ref_scores(enc: FakeM3, query: str, docs: list[str], weights=(1.0, 0.3, 1.0)
     return out
 
 
+def kuake_qtr_beir(shared, folder, n_queries: int, n_extra_titles: int):
+    """A small BEIR retrieval folder from the shared KUAKE-QTR files: the first `n_queries` dev queries, every
+    dev title judged for them (graded qrels 0-3), and the first `n_extra_titles` train titles as distractors.
+    Returns (folder, corpus, queries, qrels)."""
+    import json
+
+    dev = json.loads((shared / "cblue_kuake_qtr" / "KUAKE-QTR_dev.json").read_text(encoding="utf-8"))
+    train = json.loads((shared / "cblue_kuake_qtr" / "KUAKE-QTR_train.json").read_text(encoding="utf-8"))
+    qid_of, corpus, qrels = {}, {}, {}
+    for row in dev:
+        if row["query"] not in qid_of:
+            if len(qid_of) == n_queries:
+                continue
+            qid_of[row["query"]] = f"q{len(qid_of)}"
+        did = f"t{len(corpus)}"
+        corpus[did] = row["title"]
+        qrels.setdefault(qid_of[row["query"]], {})[did] = int(row["label"])
+    for row in train[:n_extra_titles]:
+        corpus[f"t{len(corpus)}"] = row["title"]
+    queries = {qid: text for text, qid in qid_of.items()}
+    return write_beir(folder, corpus, queries, qrels), corpus, queries, qrels
+
+
 class Recorder:
     """A project Encoder stand-in for the mteb adapter tests: records each call's side, task type and texts;
     a text's vector is [its length, 1 + (sum of its code points mod 7)]."""

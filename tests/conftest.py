@@ -54,26 +54,12 @@ def tiny_bert_dir(tmp_path_factory):
 def samples(shared, tmp_path_factory):
     """A BEIR folder (12 KUAKE-QTR dev queries, their titles + 40 train titles, graded qrels), a reranking file
     (cMedIR test, label >= 2 positive) and an STS file (KUAKE-QQR dev), all small."""
-    from _evaluation_helpers import write_beir
+    from _evaluation_helpers import kuake_qtr_beir
 
     from care.data.io import write_jsonl
 
     tmp = tmp_path_factory.mktemp("tasks")
-    dev = json.loads((shared / "cblue_kuake_qtr" / "KUAKE-QTR_dev.json").read_text(encoding="utf-8"))
-    train = json.loads((shared / "cblue_kuake_qtr" / "KUAKE-QTR_train.json").read_text(encoding="utf-8"))
-    qid_of, corpus, qrels = {}, {}, {}
-    for row in dev:
-        if row["query"] not in qid_of:
-            if len(qid_of) == 12:
-                continue
-            qid_of[row["query"]] = f"q{len(qid_of)}"
-        did = f"t{len(corpus)}"
-        corpus[did] = row["title"]
-        qrels.setdefault(qid_of[row["query"]], {})[did] = int(row["label"])
-    queries = {qid: text for text, qid in qid_of.items()}
-    for row in train[:40]:
-        corpus[f"t{len(corpus)}"] = row["title"]
-    retrieval = write_beir(tmp / "retrieval", corpus, queries, qrels)
+    retrieval, corpus, queries, qrels = kuake_qtr_beir(shared, tmp / "retrieval", 12, 40)
 
     rows, groups = [], {}
     for line in (shared / "chineseblue_cmedir" / "test.json").read_text(encoding="utf-8").splitlines()[:120]:

@@ -63,7 +63,7 @@ def files(shared, tmp_path_factory) -> dict[str, Path]:
     """Small copies of three CMedTEB slots from the shared data: cMedIR test lists (label >= 1 a positive with
     its label as grade, 0 a negative), 15 KUAKE-QTR dev queries against their titles and 60 train titles
     (graded qrels 0-3), 60 KUAKE-QQR dev pairs (0/1/2)."""
-    from _evaluation_helpers import write_beir
+    from _evaluation_helpers import kuake_qtr_beir
 
     tmp = tmp_path_factory.mktemp("slots")
     groups: dict[str, dict[str, int]] = {}
@@ -81,20 +81,7 @@ def files(shared, tmp_path_factory) -> dict[str, Path]:
     rerank = tmp / "rerank.jsonl"
     write_jsonl(rerank, rows[:24])
 
-    dev = json.loads((shared / "cblue_kuake_qtr" / "KUAKE-QTR_dev.json").read_text(encoding="utf-8"))
-    train = json.loads((shared / "cblue_kuake_qtr" / "KUAKE-QTR_train.json").read_text(encoding="utf-8"))
-    qid_of, corpus, qrels = {}, {}, {}
-    for row in dev:
-        if row["query"] not in qid_of:
-            if len(qid_of) == 15:
-                continue
-            qid_of[row["query"]] = f"q{len(qid_of)}"
-        did = f"t{len(corpus)}"
-        corpus[did] = row["title"]
-        qrels.setdefault(qid_of[row["query"]], {})[did] = int(row["label"])
-    for row in train[:60]:
-        corpus[f"t{len(corpus)}"] = row["title"]
-    retrieval = write_beir(tmp / "retrieval", corpus, {q: t for t, q in qid_of.items()}, qrels)
+    retrieval = kuake_qtr_beir(shared, tmp / "retrieval", 15, 60)[0]
 
     qqr = json.loads((shared / "cblue_kuake_qqr" / "KUAKE-QQR_dev.json").read_text(encoding="utf-8"))
     sts = tmp / "sts.jsonl"
