@@ -174,9 +174,12 @@ class HFDenseEncoder(Encoder):
         self.device = torch.device("cpu") if device in (None, "auto") and backend != "torch" else pick_device(device)
         check_backend(backend, self.device)
         local = resolve_model_path(path, build_hint)
+        # The model first: its config check names a folder that is not a model ("Unrecognized model in
+        # PATH"); transformers 5's AutoTokenizer no longer reads the config first and would fail with a
+        # generic "Couldn't instantiate the backend tokenizer" instead.
+        self.model = load_encoder_model(local).to(self.device).eval()
         self.tokenizer = AutoTokenizer.from_pretrained(local)
         self.tokenizer.padding_side = padding_side
-        self.model = load_encoder_model(local).to(self.device).eval()
         # Counted before quantising: torch's int8 Linear keeps its weights out of parameters(), and the network
         # that runs is the same size whatever runs it.
         self._parameters = sum(p.numel() for p in self.model.parameters())

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import torch
 from transformers import BertConfig, BertModel, BertTokenizerFast, Qwen3Config, Qwen3Model
+from transformers.models.bert.tokenization_bert import load_vocab
 
 from care.paths import shared_data
 
@@ -27,7 +28,9 @@ def chinese_vocab_file() -> Path:
 
 
 def chinese_tokenizer() -> BertTokenizerFast:
-    tok = BertTokenizerFast(vocab_file=str(chinese_vocab_file()), do_lower_case=True, tokenize_chinese_chars=True)
+    # transformers 5 builds the WordPiece model from `vocab` (a dict) and silently ignores `vocab_file=`
+    # (it would give a 5-token vocabulary of special tokens); the ids are the same as 4.x's from vocab_file.
+    tok = BertTokenizerFast(vocab=load_vocab(chinese_vocab_file()), do_lower_case=True, tokenize_chinese_chars=True)
     # FlagEmbedding's M3 sparse path needs an eos id; for BERT vocabularies [SEP] plays that role.
     tok.eos_token = "[SEP]"
     return tok
