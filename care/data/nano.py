@@ -101,7 +101,7 @@ def resolve(path_or_hub: str | Path) -> Path:
     if os.environ.get("HF_HUB_OFFLINE") == "1" or name.count("/") != 1 or path.exists():
         raise FileNotFoundError(f"Nano dataset {name}: no such folder (a hub id like hakari-bench/NanoCMTEB is "
                                 "downloaded only when the hub is reachable: unset HF_HUB_OFFLINE, or download it "
-                                "to a folder with `huggingface-cli download --repo-type dataset` and pass that)")
+                                "to a folder with `hf download --repo-type dataset ID --local-dir DIR` and pass that)")
     from huggingface_hub import snapshot_download
 
     return Path(snapshot_download(name, repo_type="dataset"))

@@ -261,9 +261,7 @@ def build_cut(source: str | Path | None, out: str | Path, layers: int, force: bo
         for name in copied:
             shutil.copy2(source / name, tmp / name)
         probe = "癫痫患者可以正常怀孕吗？"
-        # fix_mistral_regex=False: transformers 4.57.6 warns about it for any local folder whose config says
-        # 4.57.3-4.x (a spurious warning: nothing is changed); saying so keeps the build's output clean.
-        ids = [AutoTokenizer.from_pretrained(f, fix_mistral_regex=False)(probe)["input_ids"] for f in (tmp, source)]
+        ids = [AutoTokenizer.from_pretrained(f)(probe)["input_ids"] for f in (tmp, source)]
         if ids[0] != ids[1]:
             raise RuntimeError(f"the tokenizer copied into {out} tokenizes differently from {source}'s")
         return {"source": str(source), "source_layers": full, "layers": layers, "tokenizer_files": copied,
