@@ -241,7 +241,7 @@ def test_cli_prints_mteb_scores(nano, spread_bert, mteb_retrieval, capsys):
         main(["model=tiny_bert"])
 
 
-# ---- sentence-transformers 5.7.0 -----------------------------------------------------------------------------
+# ---- sentence-transformers 6.2.0 -----------------------------------------------------------------------------
 
 def _st_model(folder: Path):
     """The project's tiny_bert encoder as a SentenceTransformer: CLS pooling, unit vectors, 128 tokens."""
