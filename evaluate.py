@@ -8,13 +8,17 @@
 
 Every model runs through the same task runners (care.evaluation.tasks) via the Encoder interface, with
 embeddings cached on disk (a re-run encodes nothing).  Outputs go to `out_dir` (outputs/eval/<run>/):
-<model>/<benchmark>/<task>.json, summary.json, summary.md (printed) and slots.png.
+<model>/<benchmark>/<task>.json, summary.json, summary.md (printed) and slots.png.  With ckpt=, every scored
+model folder this project trained (one holding care_training.json) gets its README.md model card rewritten
+with its row: the table, the gain intervals, the efficiency columns and the model-index (care.export.card).
 """
 from __future__ import annotations
 
 import gc
+import json
 import os
 import re
+import sys
 import time
 from pathlib import Path
 
@@ -26,12 +30,13 @@ from care.config import CONF_DIR, run_reporting_bad_input
 from care.data.io import write_json
 from care.encoders import build_encoder, detect
 from care.encoders.cache import EmbeddingCache
-from care.encoders.registry import CHECKPOINT_MODEL
+from care.encoders.registry import CHECKPOINT_MODEL, TRAINING_RECORD
 from care.evaluation import corpora, efficiency
 from care.evaluation.benchmarks import averages, run_task
 from care.evaluation.corpora import evaluation_model
 from care.evaluation.report import gains, plot_steps, write_summary
 from care.evaluation.significance import cell_items, gain_interval
+from care.export.card import refresh_card
 from care.retrieval.bm25 import BM25Scorer
 from care.retrieval.scorer import EncoderScorer
 from data_pipeline import benchmarks as builders
@@ -207,12 +212,35 @@ def evaluate(cfg: DictConfig | dict) -> dict:
                 # timings mean little on a busy machine: the 1-minute load average says how busy it was
                 "load_average_1m": round(os.getloadavg()[0], 1), "cpus": os.cpu_count()}
     table = write_summary(out, run, [b for b, _ in loaded], rows, settings)
+    cards = refresh_cards(entries, rows, out / "summary.json") if cfg.get("ckpt") else []
     if cfg.get("ckpt") and (curve := plot_steps(out / "steps.png", [b for b, _ in loaded], rows,
                                                 Path(cfg["ckpt"]).expanduser() / "metrics.jsonl")):
         print(f"scores against the training step: {curve}")
     print(table)
     print(f"written to {out}")
-    return {"out_dir": str(out), "rows": rows, "settings": settings, "table": table}
+    for card in cards:
+        print(f"model card: {card}")
+    return {"out_dir": str(out), "rows": rows, "settings": settings, "table": table, "cards": [str(c) for c in cards]}
+
+
+def refresh_cards(entries: list[dict], rows: list[dict], summary_path: Path) -> list[Path]:
+    """README.md (care.export.card) of every scored checkpoint folder that this project trained (one holding
+    care_training.json), with its row of summary.json as stored; a baseline's folder is never written.
+    A card that cannot be written is reported, and does not fail the evaluation."""
+    summary = json.loads(summary_path.read_text(encoding="utf-8"))
+    written = []
+    for entry, row in zip(entries, rows):
+        path = (entry.get("model") or {}).get("path")
+        if entry.get("baseline") or not path or not (Path(path) / TRAINING_RECORD).is_file():
+            continue
+        try:
+            card = refresh_card(path, summary, row["name"])
+        except Exception as e:  # noqa: BLE001 (the scores are written; a card problem must not lose them)
+            print(f"warning: model card of {row['name']} not written: {type(e).__name__}: {e}", file=sys.stderr)
+            continue
+        if card is not None:
+            written.append(card)
+    return written
 
 
 @hydra.main(config_path=str(CONF_DIR), config_name="evaluate", version_base="1.3")

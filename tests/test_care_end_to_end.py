@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 from _care_helpers import root, tiny, tower_calls, train_overrides  # noqa: F401  (root, tiny: fixtures)
+from _export_helpers import assert_same_vectors
 from safetensors.torch import load_file
 from test_evaluate_cli import overrides, task_paths  # noqa: F401  (the small CMedTEB-layout benchmark)
 from transformers import AutoModel, AutoTokenizer
@@ -55,12 +56,15 @@ def test_train_cli_runs_stage1_then_stage2(trained, root):
     assert [r["step"] for r in logs["stage1"]] == [1, 2, 3, 4] and [r["step"] for r in logs["stage2"]] == [1, 2, 3]
     assert all("loss/mse" in r for r in logs["stage1"]) and not any("loss/mse" in r for r in logs["stage2"])
     record = json.loads((run / "final" / "care_training.json").read_text())
-    assert record["stages"] == {s: str(run / s / "final") for s in ("stage1", "stage2")}
-    assert record["model"]["query"]["path"] == str(run / "stage2" / "final" / "query")
-    assert record["model"]["document"]["path"] == str(run / "stage2" / "final" / "document")
+    # paths relative to the run (stages) and to the folder (towers): the folder holds both towers
+    assert record["stages"] == {s: f"{s}/final" for s in ("stage1", "stage2")}
+    assert (record["model"]["query"]["path"], record["model"]["document"]["path"]) == ("query", "document")
+    for side in ("query", "document"):  # the same files as stage II's, linked, not copied
+        assert os.path.samefile(run / "final" / side / "model.safetensors", run / "stage2/final" / side / "model.safetensors")
     # stage II started from stage I's query tower, with its own recipe (hard negatives, LoRA)
     stage2 = record["config"]
-    assert stage2["model"]["query"]["path"] == str(run / "stage1" / "final" / "query")
+    assert stage2["model"]["query"]["path"] == "query"  # provenance only, named without its local path
+    assert str(root) not in json.dumps(record)  # no local path in a record
     assert (stage2["trainer"]["group_size"], stage2["loss"]["temperature"]) == (4, 0.02)
 
 
@@ -70,7 +74,8 @@ def test_every_saved_folder_reloads(trained, root):
     for folder in (run / "stage1/final/query", run / "stage2/final/query", run / "stage2/final/document"):
         tok = AutoTokenizer.from_pretrained(folder)  # each model folder carries its tokenizer
         assert tok("头痛")["input_ids"] and AutoModel.from_pretrained(folder) is not None
-    assert not (run / "stage1/final/document").exists()  # stage I references the frozen start
+    # stage I's folder holds the frozen start document tower, hard-linked: it loads alone
+    assert os.path.samefile(run / "stage1/final/document/model.safetensors", tiny / "document" / "model.safetensors")
     assert (run / "stage2/final/document_adapter/adapter_config.json").is_file()
     encoders = {}
     for name in ("stage1/final", "stage2/final", "final"):
@@ -78,8 +83,10 @@ def test_every_saved_folder_reloads(trained, root):
         assert config["kind"] == "care"
         encoders[name] = enc = build_encoder(config, device="cpu")
         assert enc.encode_queries(["头痛怎么办"]).dense.shape == enc.encode_documents(["头痛"]).dense.shape == (1, 32)
-    assert detect(run / "stage1/final", {})["document"]["path"] == str(tiny / "document")
-    assert encoders["final"].fingerprint == encoders["stage2/final"].fingerprint
+    assert detect(run / "stage1/final", {})["document"]["path"] == str(run / "stage1/final/document")
+    # final/ holds stage II's files (hard links); a tower's identity still names its path (docs/export.md), so only
+    # the vectors are compared here
+    assert (encoders["final"].encode_documents(["头痛"]).dense == encoders["stage2/final"].encode_documents(["头痛"]).dense).all()
     assert encoders["stage1/final"].side_fingerprint("document") != encoders["final"].side_fingerprint("document")
     # stage II's saved towers are what trained: both moved from where stage II started
     start_query = load_file(run / "stage1/final/query/model.safetensors")
@@ -88,6 +95,31 @@ def test_every_saved_folder_reloads(trained, root):
     start_document = load_file(tiny / "document" / "model.safetensors")
     document = load_file(run / "stage2/final/document/model.safetensors")
     assert max(float((document[k] - start_document[k]).abs().max()) for k in document) > 0
+
+
+def test_care_folders_load_with_sentence_transformers_as_a_router(trained, tmp_path):
+    run, _ = trained
+    for name in ("stage1/final", "stage2/final", "final"):
+        folder = run / name
+        st = assert_same_vectors(folder, build_encoder(detect(folder, {}), device="cpu"), tmp_path)
+        assert st["modules"] == ["Router"], name
+        routes = json.loads((folder / "router_config.json").read_text())["structure"]
+        # each route starts from its own tower; the document route ends in the cut to the query width
+        assert (routes["query"][0], routes["document"][0]) == ("query", "document")
+        assert routes["document"][-1].endswith("_Dense") and not routes["query"][-1].endswith("_Dense")
+
+
+def test_a_copied_care_folder_loads_alone(trained, tmp_path, monkeypatch):
+    run, _ = trained
+    copy = shutil.copytree(run, tmp_path / "run")
+    moved = {name: shutil.copytree(copy / name, tmp_path / "elsewhere" / name) for name in ("stage1/final", "final")}
+    copy.rename(tmp_path / "gone")
+    monkeypatch.setenv("CARE_CACHE", str(tmp_path / "empty-cache"))  # not even the start towers are reachable
+    for name, folder in moved.items():
+        ours = build_encoder(detect(folder, {}), device="cpu")
+        original = build_encoder(detect(run / name, {}), device="cpu")
+        assert (ours.encode_documents(["头痛"]).dense == original.encode_documents(["头痛"]).dense).all(), name
+        assert_same_vectors(folder, ours, tmp_path)
 
 
 def test_evaluate_cli_scores_the_final_model(trained, root, task_paths, tmp_path):
@@ -121,8 +153,7 @@ def test_a_rerun_skips_finished_stages(trained, root, capsys, monkeypatch):
         assert (run / stage / "metrics.jsonl").read_bytes() == logs[stage]
     assert calls == {"query": 0, "document": 0}  # nothing loaded, encoded or trained
     assert summary["final"] == str(run / "final")
-    assert json.loads((run / "final" / "care_training.json").read_text())["model"]["query"]["path"] == \
-        str(run / "stage2" / "final" / "query")
+    assert detect(run / "final", {})["query"]["path"] == str(run / "final" / "query")
 
 
 def test_stage2_without_stage1_says_what_to_do(root, tiny, tmp_path):
@@ -199,5 +230,5 @@ def test_two_processes_equal_one_process_in_both_stages(root, tiny, tmp_path):
             begin = load_file(start)
             assert max(float((one[k] - begin[k].double()).abs().max()) for k in begin) > 1e-5, folder
     record = json.loads((tmp_path / "two" / "final" / "care_training.json").read_text())
-    assert record["stages"] == {s: str(tmp_path / "two" / s / "final") for s in ("stage1", "stage2")}
+    assert record["stages"] == {s: f"{s}/final" for s in ("stage1", "stage2")}
     assert not list((tmp_path / "two").glob(".final.*"))  # written once, by the main process: no race left

@@ -257,11 +257,12 @@ def test_prompt_routing(tasks):
 
 # ---- the command line ----------------------------------------------------------------------------------------
 
-def test_cli_in_a_fresh_interpreter_writes_nothing_under_home(files, spread_bert, theirs, tmp_path):
+def test_cli_in_a_fresh_interpreter_writes_nothing_under_home(files, spread_bert, encoder, theirs, tmp_path):
     """`python -m care.evaluation.mteb_adapter` with HOME, the project cache and the outputs in a temporary
     folder and no MTEB_CACHE/HF_HOME/HF_DATASETS_CACHE set: it prints mteb's main score beside evaluate.py's
-    with the difference, and writes nothing under the (temporary) home, neither mteb's result cache nor the
-    datasets cache."""
+    with the difference, writes mteb's results where mteb's result cache reads them (<outputs>/mteb by
+    default: results/care__tiny_bert/<fingerprint>/<task>.json + model_meta.json, read back here by mteb's own
+    loader), and nothing under the (temporary) home, neither mteb's result cache nor the datasets cache."""
     home = tmp_path / "home"
     home.mkdir()
     env = {k: v for k, v in os.environ.items()
@@ -283,6 +284,22 @@ def test_cli_in_a_fresh_interpreter_writes_nothing_under_home(files, spread_bert
     assert [p for p in home.rglob("*")] == []
     mteb_dir = tmp_path / "care-cache" / "mteb"
     assert mteb_dir.is_dir() and not any(mteb_dir.iterdir())  # created by `import mteb`, left empty
+
+    import mteb
+
+    results = tmp_path / "outputs" / "mteb"
+    where = results / "results" / "care__tiny_bert" / encoder.fingerprint
+    assert f"mteb results: {where}" in run.stdout
+    assert {p.name for p in where.iterdir()} == {"cmedteb.rerank.json", "cmedteb.sts.json", "model_meta.json",
+                                                  "run_settings.jsonl"}
+    (loaded,) = mteb.ResultCache(results).load_results(include_remote=False).model_results
+    assert (loaded.model_name, loaded.model_revision) == ("care/tiny_bert", encoder.fingerprint)
+    assert loaded.model_meta.model_type == ["dense"] and loaded.model_meta.embed_dim == 64
+    got = {r.task_name: r.get_score() for r in loaded.task_results}
+    assert got.keys() == {"cmedteb.rerank", "cmedteb.sts"}
+    for key, score in (("rerank", "map_at_10"), ("sts", "cosine_pearson")):
+        assert got[f"cmedteb.{key}"] == pytest.approx(theirs[key][score], abs=1e-5)  # 6 decimals on disk
+
 
 
 def test_cli_says_the_hub_is_unreachable_offline(spread_bert, monkeypatch):

@@ -229,10 +229,10 @@ def test_mteb_encoder_protocol_sides_and_task_types(nano):
 
 # ---- the command line ----------------------------------------------------------------------------------------
 
-def test_cli_prints_mteb_scores(nano, spread_bert, mteb_retrieval, capsys):
+def test_cli_prints_mteb_scores(nano, spread_bert, mteb_retrieval, capsys, tmp_path):
     from care.evaluation.mteb_adapter import main
 
-    got = main(["model=tiny_bert", f"model.path={spread_bert}", f"nano={nano}"])
+    got = main(["model=tiny_bert", f"model.path={spread_bert}", f"nano={nano}", f"results={tmp_path / 'mteb'}"])
     assert got == mteb_retrieval
     printed = capsys.readouterr().out
     row = next(line for line in printed.splitlines() if line.startswith(f"| {SPLIT} |"))

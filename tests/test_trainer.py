@@ -74,7 +74,8 @@ def test_merge_with_start_writes_the_merged_final_and_keeps_the_tuned_weights(tm
         expected = 0.25 * tuned[k] + 0.75 * start[k] if k.startswith("backbone.") else tuned[k]  # heads as trained
         torch.testing.assert_close(final[k], expected, rtol=0, atol=1e-6, msg=k)
     info = json.loads((run / "final" / "care_training.json").read_text(encoding="utf-8"))
-    assert info["merge"] == {"weight": 0.25, "start": str(tmp_path / "tiny-m3"), "tuned": str(run / "tuned")}
+    # paths inside a run are relative to it; the start is provenance, named without the local path
+    assert info["merge"] == {"weight": 0.25, "start": "tiny-m3", "tuned": "../tuned"}
     assert json.loads((run / "tuned" / "care_training.json").read_text(encoding="utf-8"))["merge"] is None
     from evaluate import checkpoint_models  # ckpt=<run> scores the merged and the tuned model side by side
 

@@ -80,11 +80,28 @@ def ensure_towers(c: dict) -> None:
                                 + "\n".join(missing))
 
 
+def read_record(folder: str | Path) -> dict:
+    """The training record (care_training.json) of a model folder the trainer wrote."""
+    return json.loads((Path(folder) / TRAINING_RECORD).read_text(encoding="utf-8"))
+
+
+def record_model_config(folder: str | Path) -> dict:
+    """The model config a training record names, its paths made absolute: a record's paths are relative to
+    its own folder ("." for a one-backbone model, "query" / "document" for CARE's towers), so a copied or
+    moved folder still loads; an absolute path (a record written before paths were relative) is kept."""
+    folder = Path(folder).resolve()
+    model = read_record(folder)["model"]
+    if model.get("kind") == "care":
+        return {**model, **{side: {**model[side], "path": str(folder / model[side]["path"])}
+                            for side in ("query", "document")}}
+    return {**model, "path": str(folder)}
+
+
 def detect(folder: str | Path, model_cfg: dict) -> dict | None:
     """The model config that builds `folder`, or None when it is no model folder."""
     folder = Path(folder)
     if (folder / TRAINING_RECORD).is_file():
-        return {**json.loads((folder / TRAINING_RECORD).read_text(encoding="utf-8"))["model"], "path": str(folder)}
+        return record_model_config(folder)
     if all((folder / f).is_file() for f in HEAD_FILES):
         return {**model_cfg, "kind": "m3", "path": str(folder)}
     if (folder / "config.json").is_file():

@@ -59,6 +59,12 @@ def load_encoder_model(folder: str | Path, dtype: torch.dtype | None = None) -> 
     return AutoModel.from_pretrained(folder, dtype=dtype, **extra)
 
 
+#: Files of a model folder that are no part of its weights: build notes, the model card, the
+#: sentence-transformers files (care.export.st_folder).  Adding or rewriting one never re-keys an embedding cache.
+NOT_WEIGHTS = frozenset({"manifest.json", "README.md", "modules.json", "config_sentence_transformers.json",
+                         "sentence_bert_config.json", "router_config.json"})
+
+
 def weights_digest(folder: str | Path) -> str:
     """A cheap, stable digest of a model folder: names, sizes and the first/last MiB of each weight file."""
     folder = Path(folder)
@@ -66,7 +72,7 @@ def weights_digest(folder: str | Path) -> str:
         return str(folder)
     h = hashlib.sha256()
     for f in sorted(folder.iterdir()):
-        if f.name in {"manifest.json", "README.md"}:  # build notes, not weights: rebuilding must not re-key caches
+        if f.name in NOT_WEIGHTS:
             continue
         if f.suffix in {".safetensors", ".bin", ".pt", ".json", ".txt", ".model"} and f.is_file():
             size = f.stat().st_size

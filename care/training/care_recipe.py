@@ -1,7 +1,7 @@
 """The CARE recipe: `python train.py model=care_X` runs stage I then stage II (docs/facts.md s.1), each a run
 of the ordinary loop with the stage's settings from the model config (`stages.stage1`, `stages.stage2`),
-into outputs/train/<run>/stage1/ and stage2/; outputs/train/<run>/final/ then names the last stage's model
-(its care_training.json, which evaluate.py ckpt= reads).  `model.stage=stage1` (or stage2) runs one stage.
+into outputs/train/<run>/stage1/ and stage2/; outputs/train/<run>/final/ then holds the last stage's model
+(hard links to its files, its care_training.json naming both stages, which evaluate.py ckpt= reads).  `model.stage=stage1` (or stage2) runs one stage.
 
 Stage I's examples are same-text pairs over the training text store (plus `stages.stage1.extra_texts`,
 text stores of unlabelled texts the leakage rule admits): no labels needed.  Stage II trains on the mined
@@ -10,15 +10,15 @@ training file, starting from stage I's query tower.
 from __future__ import annotations
 
 import gc
-import json
 import os
 import random
 from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-from care.data.io import atomic_folder, read_text_store, write_json, write_jsonl
-from care.encoders.registry import TRAINING_RECORD, ensure_towers
+from care.data.io import atomic_folder, link_or_copy_tree, read_text_store, write_json, write_jsonl
+from care.encoders.registry import TRAINING_RECORD, ensure_towers, read_record
+from care.export.card import write_model_card
 from care.training.care_family import STAGES
 from care.training.checkpoint import AlreadyFinished
 from care.training.data import require_training_files
@@ -102,11 +102,15 @@ def run_care(cfg: DictConfig) -> dict:
         del trainer  # stage I's towers and optimizer, before stage II loads its own
         gc.collect()
     last = run_dir / stages[-1] / "final"
-    record = json.loads((last / TRAINING_RECORD).read_text(encoding="utf-8"))
     # one process writes it (two would race on the folder swap); by the launcher's RANK, since the last
     # stage's end_training has already torn down accelerate's process group
     if os.environ.get("RANK", "0") == "0":
-        with atomic_folder(run_dir / "final") as tmp:  # names the last stage's model; copies no weights
-            write_json(tmp / TRAINING_RECORD, {**record, "stages": {s: str(run_dir / s / "final") for s in stages}})
+        # the last stage's model, whole (hard links: no second copy of the towers on disk), its record naming
+        # each stage's folder relative to the run
+        record = {**read_record(last), "stages": {s: f"{s}/final" for s in stages}}
+        with atomic_folder(run_dir / "final") as tmp:
+            link_or_copy_tree(last, tmp, skip=frozenset({TRAINING_RECORD, "README.md"}))
+            write_json(tmp / TRAINING_RECORD, record)
+        write_model_card(run_dir / "final", record)
     best = summaries[stages[-1]].get("best_metric")
     return {"stages": summaries, "final": str(run_dir / "final"), "best_metric": best}

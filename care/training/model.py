@@ -35,7 +35,7 @@ class TrainableFamily(Protocol):
 
     def encoder(self, modules: Sequence[nn.Module], max_length: int) -> Encoder: ...
 
-    def model_config(self, folder: Path) -> dict: ...
+    def model_config(self) -> dict: ...
 
 
 def freeze(model: nn.Module, patterns: Sequence[str]) -> None:
@@ -103,9 +103,10 @@ class M3Family:
                          doc_prefix=self.prompts.document, max_length=max_length,
                          device=str(next(modules[0].parameters()).device), model=modules[0])
 
-    def model_config(self, folder: Path) -> dict:
-        """How evaluate.py builds a saved folder (recorded in its care_training.json)."""
-        return {**self.model_cfg, "kind": "m3", "path": str(folder)}
+    def model_config(self) -> dict:
+        """How evaluate.py builds a saved folder (recorded in its care_training.json): the path is the folder
+        itself, "." (care.encoders.registry.record_model_config)."""
+        return {**{k: v for k, v in self.model_cfg.items() if k != "build_hint"}, "kind": "m3", "path": "."}
 
 
 def build_family(cfg: DictConfig) -> TrainableFamily:

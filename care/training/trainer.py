@@ -14,7 +14,6 @@ care.training.checkpoint, the log and curves in care.training.runlog.
 from __future__ import annotations
 
 import math
-import shutil
 import time
 import warnings
 from collections.abc import Callable, Sequence
@@ -29,8 +28,10 @@ from torch.utils.data import DataLoader
 from tqdm.auto import tqdm
 from transformers import get_cosine_schedule_with_warmup
 
-from care.data.io import atomic_folder, write_json
-from care.encoders.registry import TRAINING_RECORD
+from care.data.io import atomic_folder, link_or_copy_tree, write_json
+from care.encoders.registry import TRAINING_RECORD, read_record
+from care.export.card import base_models, data_lineage, portable, write_model_card
+from care.export.st_folder import write_st_files
 from care.training.checkpoint import AlreadyFinished, ResumeError, RunFolder, config_hash
 from care.training.data import EpochSampler, TrainingGroups, collate_groups, require_training_files
 from care.training.distributed import gather_reps, world_size
@@ -112,6 +113,7 @@ class Trainer:
         self.stopper = EarlyStopping(v.patience, v.min_delta) if v.task else None
         self.step = self.epoch = self.batch_in_epoch = 0
         self.stop_reason = ""
+        self._provenance: dict | None = None  # base models and data lineage, read once (training_record)
         start = self.folder.resume_point(t.resume)
         if start is not None:
             self.resume(start)
@@ -138,17 +140,28 @@ class Trainer:
         return self.folder.save(self.step, state, self.cfg.trainer.keep_checkpoints,
                                 write_model=lambda folder: self.save_model(models, folder))
 
-    def save_model(self, models: list[torch.nn.Module], folder: Path) -> Path:
-        """The family's model folder with its training record (what evaluate.py detects and scores)."""
-        self.family.save(models, folder)
-        write_json(folder / TRAINING_RECORD, self.training_record(folder, weights=f"step {self.step}"))
+    def save_model(self, models: list[torch.nn.Module], folder: Path, weights: str | None = None) -> Path:
+        """A model folder of the family, built beside `folder` and swapped in whole: the weights, the
+        sentence-transformers files (care.export.st_folder) and care_training.json (what evaluate.py detects and
+        scores; every path in it relative to the folder or the project, none absolute)."""
+        with atomic_folder(folder) as tmp:
+            self.family.save(models, tmp)
+            self.finish_folder(tmp, self.training_record(weights or f"step {self.step}"))
         return folder
 
-    def training_record(self, folder: Path, weights: str, merge: dict | None = None) -> dict:
+    def finish_folder(self, folder: Path, record: dict) -> None:
+        write_st_files(folder, record["model"])
+        write_json(folder / TRAINING_RECORD, record)
+
+    def training_record(self, weights: str, merge: dict | None = None) -> dict:
+        if self._provenance is None:  # once a run: the pipeline's stats files are read, not the training files
+            c = self.cfg
+            self._provenance = {"base_models": base_models(OmegaConf.to_container(c.model, resolve=True)),
+                                "lineage": data_lineage(c.data.texts, c.data.examples)}
         return {"config_hash": self.hash, "steps": self.step, "stop_reason": self.stop_reason,
-                "data": self.data.stats, "validation": self.validation_summary(), "weights": weights,
-                "merge": merge, "model": self.family.model_config(folder),
-                "config": OmegaConf.to_container(self.cfg, resolve=True)}
+                "data": portable(self.data.stats), "validation": self.validation_summary(), "weights": weights,
+                "merge": merge, "model": self.family.model_config(), **self._provenance,
+                "config": portable(OmegaConf.to_container(self.cfg, resolve=True))}
 
     def resume(self, folder: Path) -> None:
         state = self.folder.load(folder)
@@ -262,7 +275,7 @@ class Trainer:
             value = self.validator(self.family.encoder(models, self.cfg.trainer.passage_max_length))
             seconds = time.perf_counter() - start
             if self.stopper.update(value, self.step):
-                self.family.save(models, self.out / "best")
+                self.save_model(models, self.out / "best", f"best (step {self.step})")
             self.log_rows.log(self.step, {f"val/{v.metric}": value, "val/best": self.stopper.best,
                                           "val/seconds": seconds})
             decision = ["early_stopping" if self.stopper.should_stop else ""]
@@ -276,27 +289,29 @@ class Trainer:
 
     # ---- outputs -----------------------------------------------------------------------------------------
     def save_final(self) -> Path:
-        """final/ (+ tuned/ with a merge) as model folders of the family, each with care_training.json."""
+        """final/ (+ tuned/ with a merge): model folders of the family, each with care_training.json, the
+        sentence-transformers files and a model card (care.export.card)."""
         acc = self.accelerator
         final = self.out / "final"
         merge_weight = self.cfg.trainer.get("merge_with_start")
         if acc.is_main_process:
             best = self.out / "best"
             use_best = bool(self.stopper and best.exists())  # the early-stopping choice, not the last weights
+            weights = f"best (step {self.stopper.best_step})" if use_best else "last"
             # With a merge the fine-tuned weights are kept in tuned/ and final/ is the merged model.
             tuned = final if merge_weight is None else self.out / "tuned"
-            if use_best:
-                with atomic_folder(tuned) as tmp:
-                    shutil.copytree(best, tmp, dirs_exist_ok=True)
-            else:
-                self.family.save(self.unwrapped(), tuned)
+            with atomic_folder(tuned) as tmp:
+                if use_best:
+                    link_or_copy_tree(best, tmp)
+                else:
+                    self.family.save(self.unwrapped(), tmp)
+                self.finish_folder(tmp, self.training_record(weights))
             if merge_weight is not None:
-                self.family.merge_with_start(tuned, final, merge_weight)
-            merge = None if merge_weight is None else {
-                "weight": merge_weight, "start": str(self.cfg.model.path), "tuned": str(tuned)}
-            info = self.training_record(final, f"best (step {self.stopper.best_step})" if use_best else "last", merge)
-            write_json(final / TRAINING_RECORD, info)
-            if merge_weight is not None:  # tuned/ is a model of its own: evaluate.py ckpt=<run> scores both
-                write_json(tuned / TRAINING_RECORD, {**info, "merge": None, "model": self.family.model_config(tuned)})
+                merge = {"weight": merge_weight, "start": portable(str(self.cfg.model.path)), "tuned": "../tuned"}
+                with atomic_folder(final) as tmp:
+                    self.family.merge_with_start(tuned, tmp, merge_weight)
+                    self.finish_folder(tmp, self.training_record(weights, merge))
+                write_model_card(tuned, read_record(tuned))
+            write_model_card(final, read_record(final))
         acc.wait_for_everyone()
         return final

@@ -8,12 +8,15 @@
     compare(encoder, tasks)           mteb's main score per task beside evaluate.py's own number, and the difference
     nano_task(folder, split)          one split of a Nano folder (docs/nano.md s.10) as an mteb retrieval task
     run_mteb(encoder, folder)         mteb.evaluate on every split -> {split: {ndcg_at_10, recall_at_100, ...}}
+    load_results(folder)              mteb's own loader (ResultCache.load_results) on a results folder
 
-    python -m care.evaluation.mteb_adapter ...   the command line (cli.py: benchmark=, tasks= or nano= runs)
+    python -m care.evaluation.mteb_adapter ...   the command line (cli.py: benchmark=, tasks= or nano= runs;
+                                                 mteb's results into results=<dir>, default <outputs>/mteb)
 
 The package, one concern a module (each module's docstring says what it holds):
 
     model.py    import_mteb (the MTEB_CACHE redirect), the similarity, ModelMeta, MtebEncoder, mteb_evaluate
+    results.py  mteb's results folder: results_dir, model_folder, load_results, meta_fields
     nano.py     Nano splits as mteb tasks: mteb's loader or in memory, nano_task, run_mteb
     scores.py   the names: project task types <-> mteb's, project metrics <-> mteb scores, default_spec
     data.py     mteb's data as the project's TaskData: hub tasks, local copies, task_data, care_spec
@@ -57,7 +60,20 @@ What mteb needs, and how it is given (mteb 2.26.24):
   `source="loader"` reads the folder's `mteb` subset (configs mteb-corpus, mteb-queries, mteb-qrels,
   mteb-top_ranked, written by data_pipeline/nano/layout.py) with mteb's stock RetrievalDatasetLoader; the
   `datasets` cache it needs is a temporary folder, deleted once the rows are copied to memory.
-- Caching: `mteb.evaluate(..., cache=None)` saves no results.  `import mteb` itself creates its result-cache
+- Results: evaluate_tasks, compare and run_mteb (`results=<folder>`) and the command line (always, unless
+  `results=none`) hand mteb.evaluate `cache=mteb.ResultCache(<folder>)`: mteb itself writes
+  `<folder>/results/<org__name>/<revision>/<Task>.json` and `model_meta.json` (results.py), readable by
+  `mteb.ResultCache(<folder>).load_results()` and mteb's leaderboard; overwrite_strategy "always", so a rerun
+  replaces a task's file rather than handing back a stored score.  The ModelMeta (model.model_meta) says what
+  the model is: CARE is model_type ["router", "dense"] (a query tower online, a document tower offline, one
+  dense vector each), n_parameters both towers, n_embedding_parameters both towers' token embeddings,
+  n_active_parameters the query tower's non-embedding weights (the online count, encoder.online_parameters,
+  is that plus the query tower's token embeddings); any other encoder is ["dense"] with its own counts
+  (mteb's active = total - embeddings).  embed_dim is the dense width, similarity_fn_name cosine or dot as
+  scored; license and training_datasets are the caller's (or the model config's `license`,
+  `training_datasets` keys), None (not stated) otherwise.
+- Caching: `mteb.evaluate(..., cache=None)` saves no results (the in-memory runs: compare, evaluate_tasks
+  and run_mteb without `results=`).  `import mteb` itself creates its result-cache
   folder (`ResultCache()` at import time, `$MTEB_CACHE` or ~/.cache/mteb): import_mteb (model.py) points
   MTEB_CACHE at the project cache (`<cache>/mteb`) unless it is set, before it imports mteb.
 - Texts: mteb strips a document's outer whitespace (and joins a title before it); the project's readers strip
@@ -88,9 +104,11 @@ from care.evaluation.mteb_adapter.model import (
     TASK_TYPES,
     MtebEncoder,
     default_similarity,
+    embed_width,
     import_mteb,
     model_meta,
     mteb_evaluate,
+    parameter_counts,
 )
 from care.evaluation.mteb_adapter.nano import (
     MAIN_SCORES,
@@ -101,6 +119,7 @@ from care.evaluation.mteb_adapter.nano import (
     run_mteb,
     split_revision,
 )
+from care.evaluation.mteb_adapter.results import load_results, meta_fields, model_folder, results_dir
 from care.evaluation.mteb_adapter.run import compare, evaluate_tasks, print_comparison, project_scores
 from care.evaluation.mteb_adapter.scores import (
     DATA_TYPES,
@@ -125,10 +144,11 @@ from care.evaluation.mteb_adapter.tasks import (
 __all__ = [
     "DATA_TYPES", "DEFAULT_METRICS", "FAMILIES", "LANGUAGES", "LOCAL_LAYOUTS", "MAIN_SCORES", "MTEB_SUBSET",
     "MTEB_TYPES", "STS_SCORES", "TASK_TYPES", "USAGE", "MtebEncoder", "benchmark_tasks", "care_spec", "cmteb_task",
-    "compare", "data_revision", "default_similarity", "default_spec", "encoder_from_config", "evaluate_config",
-    "evaluate_tasks", "import_mteb", "load_hub_task", "load_in_memory", "load_local_copy",
-    "load_project_benchmarks", "load_with_mteb_loader", "main", "main_nano", "model_meta", "mteb_document_text",
-    "mteb_evaluate", "mteb_score", "mteb_task", "nano_task", "print_comparison", "project_metric", "project_scores",
-    "read_parquet_copy", "registered_task", "retrieval_data", "retrieval_split", "run_mteb", "split_revision",
+    "compare", "data_revision", "default_similarity", "default_spec", "embed_width", "encoder_from_config",
+    "evaluate_config", "evaluate_tasks", "import_mteb", "load_hub_task", "load_in_memory", "load_local_copy",
+    "load_project_benchmarks", "load_results", "load_with_mteb_loader", "main", "main_nano", "meta_fields",
+    "model_folder", "model_meta", "mteb_document_text", "mteb_evaluate", "mteb_score", "mteb_task", "nano_task",
+    "parameter_counts", "print_comparison", "project_metric", "project_scores", "read_parquet_copy",
+    "registered_task", "results_dir", "retrieval_data", "retrieval_split", "run_mteb", "split_revision",
     "task_data",
 ]

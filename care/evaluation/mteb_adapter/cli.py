@@ -9,6 +9,13 @@
 The benchmark and task runs print, per task, mteb's main score and the project's counterpart (evaluate.py's
 runners on the same data in the same process, dense head) with the difference; `cache=true` shares the
 evaluate embedding cache between the two.  Any other key=value is an evaluate override.
+
+Every run also leaves mteb's results in mteb's own result-cache layout (results.py), read by mteb's tools and
+leaderboard: `results=<dir>` (or `--results <dir>`; default <outputs>/mteb, CARE_OUTPUTS moves it; `results=none`
+writes nothing) -> <dir>/results/<org__name>/<revision>/<Task>.json + model_meta.json.  The ModelMeta's name is
+`care/<model name>` unless `name=org/name`; `license=<mteb license id>` and `training_datasets=TaskA,TaskB` (mteb
+task names; empty = none of mteb's) state what the model config does not (its `license` and
+`training_datasets` keys are read too).
 """
 from __future__ import annotations
 
@@ -20,6 +27,7 @@ from care.encoders import Encoder
 from care.encoders.cache import EmbeddingCache
 from care.evaluation.mteb_adapter.model import MtebEncoder, import_mteb
 from care.evaluation.mteb_adapter.nano import MAIN_SCORES, run_mteb
+from care.evaluation.mteb_adapter.results import meta_fields, results_dir
 from care.evaluation.mteb_adapter.run import compare, print_comparison
 from care.evaluation.mteb_adapter.tasks import benchmark_tasks, cmteb_task
 
@@ -61,6 +69,30 @@ def _truthy(value: str) -> bool:
     return value.lower() in ("1", "true", "yes")
 
 
+def _dashed(argv: Sequence[str]) -> list[str]:
+    """`--results DIR` and `--results=DIR` as `results=DIR` (the one option also spelt the getopt way)."""
+    out, args = [], list(argv)
+    while args:
+        arg = args.pop(0)
+        if arg == "--results":
+            if not args:
+                raise ValueError("--results: expected a folder after it")
+            arg = f"results={args.pop(0)}"
+        elif arg.startswith("--results="):
+            arg = arg[2:]
+        out.append(arg)
+    return out
+
+
+def results_options(own: Mapping, model_cfg: Mapping) -> tuple[Path | None, dict]:
+    """The results folder (None for results=none) and the ModelMeta's caller-set fields: the model config's
+    `license` and `training_datasets`, overridden by the command line's."""
+    folder = None if (own.get("results") or "").lower() in ("none", "false", "off") else results_dir(own.get("results"))
+    meta = meta_fields(model_cfg)
+    meta.update(meta_fields({k: own.get(k) for k in ("license", "training_datasets")}))
+    return folder, meta
+
+
 def main(argv: Sequence[str]) -> dict:
     """The command line: one of
 
@@ -68,13 +100,14 @@ def main(argv: Sequence[str]) -> dict:
         model=<name>|ckpt=<folder> tasks=NAME[=PATH],... [cache=true]
         model=<name>|ckpt=<folder> nano=<folder> [splits=a,b] [reranking=true] [source=loader]
 
+    each with [results=<dir>|none] [name=org/name] [license=<id>] [training_datasets=A,B] (the module docstring).
     Every other key=value (or ~key) is an evaluate override (benchmark.tasks.<key>.path=..., max_length=...,
     batch_size=...); the extra_benchmark runs only when an override names it (benchmark@extra_benchmark=...).
     Returns compare()'s rows (run_mteb's {split: scores} for nano=)."""
     own = {"nano": None, "splits": None, "reranking": "false", "source": "memory", "tasks": None, "keys": None,
-           "cache": "false"}
+           "cache": "false", "results": None, "name": None, "license": None, "training_datasets": None}
     overrides = []
-    for arg in argv:
+    for arg in _dashed(argv):
         key, eq, value = arg.partition("=")
         if not eq and not arg.startswith("~"):  # ~key: a Hydra deletion (e.g. ~benchmark.tasks.cmed_v1)
             raise ValueError(f"argument {arg!r}: expected key=value")
@@ -95,23 +128,43 @@ def main(argv: Sequence[str]) -> dict:
     if not extra:
         cfg["extra_benchmark"] = None
     encoder = encoder_from_config(cfg)
+    folder, meta = results_options(own, _model_config(cfg))
     tasks = benchmark_tasks(cfg, keys=own["keys"].split(",") if own["keys"] else None) if benchmark else []
     for item in filter(None, (own["tasks"] or "").split(",")):
         name, _, path = item.partition("=")
         tasks.append(cmteb_task(name.strip(), path.strip() or None))
     cache = EmbeddingCache(cfg["cache"]["dir"]) if _truthy(own["cache"]) else None
-    rows = compare(encoder, tasks, batch_size=cfg["batch_size"], cache=cache, depth=cfg["depth"], seed=cfg["seed"])
+    rows = compare(encoder, tasks, batch_size=cfg["batch_size"], cache=cache, depth=cfg["depth"], seed=cfg["seed"],
+                   results=folder, name=own["name"], meta=meta)
     sim = MtebEncoder(encoder).similarity_name
     print_comparison(rows, f"mteb {import_mteb().__version__} | {encoder.name} | {sim} | project: evaluate.py's "
                            "runners in this process, dense head | scores 0-100")
+    _say_results(folder, encoder, own["name"], meta)
     return rows
 
 
+def _model_config(cfg: Mapping) -> dict:
+    from care.evaluation.corpora import model_from_app_config
+
+    return model_from_app_config(cfg)
+
+
+def _say_results(folder: Path | None, encoder: Encoder, name: str | None, meta: Mapping) -> None:
+    from care.evaluation.mteb_adapter.results import model_folder
+
+    if folder is not None:
+        where = model_folder(folder, MtebEncoder(encoder, name=name, meta=meta).mteb_model_meta)
+        print(f"mteb results: {where} (mteb.ResultCache({str(folder)!r}).load_results())")
+
+
 def main_nano(own: dict, overrides: Sequence[str]) -> dict:
-    encoder = encoder_from_config(overrides)
+    cfg = evaluate_config(overrides)
+    encoder = encoder_from_config(cfg)
+    folder, meta = results_options(own, _model_config(cfg))
     reranking = _truthy(own["reranking"])
     splits = own["splits"].split(",") if own["splits"] else None
-    got = run_mteb(encoder, own["nano"], splits, reranking=reranking, source=own["source"])
+    got = run_mteb(encoder, own["nano"], splits, reranking=reranking, source=own["source"], results=folder,
+                   name=own["name"], meta=meta)
     names = [*MAIN_SCORES, "main_score"]
     print(f"mteb {import_mteb().__version__} | {encoder.name} | {resolve(own['nano'])}"
           + (" | reranking reranking_hybrid" if reranking else " | full-corpus retrieval"))
@@ -119,4 +172,5 @@ def main_nano(own: dict, overrides: Sequence[str]) -> dict:
     print("|---|" + "---:|" * len(names))
     for split, s in got.items():
         print(f"| {split} | " + " | ".join(f"{100 * s[n]:.2f}" if n in s else "-" for n in names) + " |")
+    _say_results(folder, encoder, own["name"], meta)
     return got

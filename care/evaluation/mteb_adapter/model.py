@@ -2,9 +2,11 @@
 
     import_mteb()                     `import mteb`, its import-time result cache pointed at the project cache
     default_similarity(encoder)       "dot" for encoders whose dense vectors are not unit length, else "cosine"
+    parameter_counts(encoder)         {total, online, embedding, online_embedding} parameters (both towers of CARE)
+    embed_width(encoder)              the dense width (a tower's dim, truncate_dim, the hidden size)
     model_meta(encoder, similarity)   mteb's ModelMeta for the encoder (no loader: never resolved by name)
     MtebEncoder(encoder)              the encoder as an mteb EncoderProtocol (prompt type -> query/document side)
-    mteb_evaluate(encoder, tasks)     mteb.evaluate, nothing cached or written, no progress bars
+    mteb_evaluate(encoder, tasks)     mteb.evaluate, no progress bars; results=<folder>: mteb's result cache there
 """
 from __future__ import annotations
 
@@ -14,6 +16,7 @@ import os
 import re
 import sys
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -49,40 +52,164 @@ def default_similarity(encoder: Encoder) -> str:
     return "cosine"
 
 
-def model_meta(encoder: Encoder, similarity: str, name: str | None = None, revision: str | None = None):
-    """mteb's ModelMeta for a project encoder: no loader (mteb never builds or looks the model up)."""
+def _modules(encoder: Encoder) -> list:
+    """The torch modules whose weights make the encoder: CARE's two towers, a dense or M3 model's network;
+    none for an encoder that is no torch model (a test double)."""
+    import torch
+
+    towers = getattr(encoder, "towers", None)
+    if isinstance(towers, Mapping):
+        return [towers[s] for s in ("query", "document") if isinstance(towers.get(s), torch.nn.Module)]
+    model = getattr(encoder, "model", None)
+    return [model] if isinstance(model, torch.nn.Module) else []
+
+
+def _embedding_weights(module) -> int:
+    inner = getattr(module, "model", module)  # a Tower wraps its Hugging Face model
+    for m in (inner, getattr(inner, "backbone", None)):  # M3Model keeps its transformer as .backbone
+        get = getattr(m, "get_input_embeddings", None)
+        if get is not None:
+            with contextlib.suppress(Exception):
+                return int(get().weight.numel())
+    return 0
+
+
+def parameter_counts(encoder: Encoder) -> dict[str, int | None]:
+    """{total, online, embedding, online_embedding}: every weight of the model (both towers of a two-tower
+    model, a weight shared between them counted once), those that run at query time (the query tower;
+    `encoder.online_parameters`), and of each the token-embedding matrices (a lookup, not compute).
+    A symmetric model's total is its online count; None where the encoder cannot say."""
+    online = int(encoder.online_parameters)
+    online_embedding = int(getattr(encoder, "online_embedding_parameters", 0) or 0) or None
+    modules = _modules(encoder)
+    if len(modules) < 2:  # one network for both sides
+        return {"total": online, "online": online, "embedding": online_embedding,
+                "online_embedding": online_embedding}
+    seen, total = set(), 0
+    for module in modules:
+        for param in module.parameters():
+            if id(param) not in seen:
+                seen.add(id(param))
+                total += param.numel()
+    embedding = sum(_embedding_weights(m) for m in modules) or None
+    return {"total": total, "online": online, "embedding": embedding, "online_embedding": online_embedding}
+
+
+def embed_width(encoder: Encoder, probe: bool = False) -> int | None:
+    """The width of the dense vectors the encoder returns (both sides have it: CARE cuts its document vectors
+    to the query tower's width): from the model (a tower's `dim`, a dense model's `truncate_dim` or hidden
+    size), else, with `probe`, from one encoded query; None when neither says."""
+    towers = getattr(encoder, "towers", None)
+    if isinstance(towers, Mapping) and getattr(towers.get("query"), "dim", None):
+        return int(towers["query"].dim)
+    if getattr(encoder, "truncate_dim", None):
+        return int(encoder.truncate_dim)
+    hidden = getattr(getattr(getattr(encoder, "model", None), "config", None), "hidden_size", None)
+    if isinstance(hidden, int):
+        return hidden
+    if probe:
+        with contextlib.suppress(Exception):
+            return int(np.asarray(encoder.encode_queries(["维度"]).dense).shape[1])
+    return None
+
+
+def _max_tokens(encoder: Encoder) -> int | None:
+    towers = getattr(encoder, "towers", None)
+    if isinstance(towers, Mapping):  # the longest text either tower takes (documents, in practice)
+        lengths = [getattr(getattr(t, "spec", None), "max_length", None) for t in towers.values()]
+        return max((n for n in lengths if n), default=None)
+    return getattr(encoder, "max_length", None)
+
+
+def _memory_mb(encoder: Encoder) -> float | None:
+    modules = _modules(encoder)
+    if not modules:
+        return None
+    seen, size = set(), 0
+    for module in modules:
+        for t in [*module.parameters(), *module.buffers()]:
+            if id(t) not in seen:
+                seen.add(id(t))
+                size += t.numel() * t.element_size()
+    return round(size / 2**20, 1)
+
+
+#: ModelMeta fields a caller may set (model_meta's `extra`, MtebEncoder's `meta`); the rest come from the encoder
+META_FIELDS = ("license", "training_datasets", "open_weights", "reference", "release_date", "adapted_from",
+               "public_training_code", "public_training_data", "citation", "contacts", "embed_dim")
+
+
+def model_meta(encoder: Encoder, similarity: str, name: str | None = None, revision: str | None = None,
+               probe: bool = False, **extra):
+    """mteb's ModelMeta for a project encoder: no loader (mteb never builds or looks the model up).
+
+    name `care/<encoder name>` (any `org/name` given is kept), revision the encoder's fingerprint.
+    What the model is, from the encoder (the package docstring, Results):
+      model_type   ["router", "dense"] for CARE (a query tower and a document tower, one dense vector each),
+                   ["dense"] for any other (an M3 model is scored by its dense head here)
+      n_parameters both towers' weights (parameter_counts' total); a symmetric model's all
+      n_embedding_parameters   their token-embedding matrices
+      n_active_parameters_override   CARE only: the query tower's non-embedding weights (what runs per
+                   query; mteb's `active` leaves embeddings out).  The online count (encoder.online_parameters)
+                   is that plus the query tower's embedding matrix.  Symmetric models: mteb's own
+                   n_parameters - n_embedding_parameters.
+      embed_dim    the dense width (embed_width; `probe` encodes one query when the model does not say)
+      max_tokens, memory_usage_mb, use_instructions, similarity_fn_name (cosine or dot, as scored)
+    `extra`: META_FIELDS set by the caller: license (an mteb license id, e.g. "apache-2.0"; None = not
+    stated), training_datasets (mteb task names the model trained on: a set, empty = none of mteb's; None =
+    not stated), open_weights, reference, ..."""
     import_mteb()
     from mteb.models.model_meta import ModelMeta
 
+    unknown = set(extra) - set(META_FIELDS)
+    if unknown:
+        raise TypeError(f"model_meta: unknown fields {sorted(unknown)} (settable: {', '.join(META_FIELDS)})")
     slug = re.sub(r"[^A-Za-z0-9_.-]+", "_", name or encoder.name).strip("_") or "encoder"
+    if name and "/" in name:
+        org, _, rest = name.partition("/")
+        slug = "/".join(re.sub(r"[^A-Za-z0-9_.-]+", "_", p).strip("_") or "encoder" for p in (org, rest))
     prompts = encoder.prompts
-    return ModelMeta(
-        loader=None, name=slug if "/" in slug else f"care/{slug}", revision=revision or encoder.fingerprint,
-        release_date=None, languages=LANGUAGES, n_parameters=encoder.online_parameters,
-        n_embedding_parameters=encoder.online_embedding_parameters or None, memory_usage_mb=None,
-        max_tokens=getattr(encoder, "max_length", None), embed_dim=None, license=None, open_weights=None,
-        public_training_code=None, public_training_data=None, framework=["PyTorch"], reference=None,
-        similarity_fn_name=similarity,
-        use_instructions=bool(prompts.query or prompts.document or prompts.instructions),
-        training_datasets=None, modalities=["text"], model_type=["dense"])
+    counts = parameter_counts(encoder)
+    two_towers = isinstance(getattr(encoder, "towers", None), Mapping)  # CARE: a query and a document tower
+    active = None
+    if two_towers:
+        active = counts["online"] - (counts["online_embedding"] or 0)
+    training = extra.pop("training_datasets", None)
+    backend = str(getattr(encoder, "backend", "torch"))
+    fields = {
+        "loader": None, "name": slug if "/" in slug else f"care/{slug}", "revision": revision or encoder.fingerprint,
+        "release_date": None, "languages": LANGUAGES, "n_parameters": counts["total"],
+        "n_active_parameters_override": active, "n_embedding_parameters": counts["embedding"],
+        "memory_usage_mb": _memory_mb(encoder), "max_tokens": _max_tokens(encoder),
+        "embed_dim": embed_width(encoder, probe), "license": None, "open_weights": None,
+        "public_training_code": None, "public_training_data": None,
+        "framework": ["PyTorch", "ONNX"] if backend.startswith("onnx") else ["PyTorch"], "reference": None,
+        "similarity_fn_name": similarity,
+        "use_instructions": bool(prompts.query or prompts.document or prompts.instructions),
+        "training_datasets": None if training is None else {training} if isinstance(training, str) else set(training),
+        "modalities": ["text"], "model_type": ["router", "dense"] if two_towers else ["dense"]}
+    fields.update({k: v for k, v in extra.items() if v is not None or k != "embed_dim"})
+    return ModelMeta(**fields)
 
 
 class MtebEncoder:
     """A project Encoder as an mteb 2.x encoder (EncoderProtocol): dense vectors, float32 numpy.
 
     task_types: {mteb task name or type: project task type}, ahead of TASK_TYPES.
-    cache: a care.encoders.cache.EmbeddingCache to share vectors with evaluate.py (none by default)."""
+    cache: a care.encoders.cache.EmbeddingCache to share vectors with evaluate.py (none by default).
+    name, revision, meta: the ModelMeta's name, revision and caller-set fields (model_meta, META_FIELDS:
+    license, training_datasets, ...)."""
 
     def __init__(self, encoder: Encoder, *, similarity: str = "auto", task_types: Mapping[str, str] | None = None,
                  cache: EmbeddingCache | None = None, batch_size: int | None = None, name: str | None = None,
-                 revision: str | None = None):
+                 revision: str | None = None, meta: Mapping[str, Any] | None = None):
         if similarity == "auto":
             similarity = default_similarity(encoder)
         if similarity not in ("cosine", "dot"):
             raise ValueError(f"similarity must be auto, cosine or dot, got {similarity!r}")
         self.encoder, self.similarity_name, self.cache, self.batch_size = encoder, similarity, cache, batch_size
         self.task_types = dict(task_types or {})
-        self.mteb_model_meta = model_meta(encoder, similarity, name, revision)
+        self.mteb_model_meta = model_meta(encoder, similarity, name, revision, **dict(meta or {}))
 
     def with_task_types(self, task_types: Mapping[str, str]) -> MtebEncoder:
         """A wrapper of the same encoder (shared, not copied) with more task-type overrides."""
@@ -132,13 +259,29 @@ def _quiet_datasets():
             datasets.enable_progress_bars()
 
 
-def mteb_evaluate(encoder: Encoder | MtebEncoder, tasks: Sequence, batch_size: int = 64):
+def mteb_evaluate(encoder: Encoder | MtebEncoder, tasks: Sequence, batch_size: int = 64,
+                  results: str | os.PathLike | None = None, overwrite: str = "always"):
     """mteb.evaluate of the encoder (an MtebEncoder, or an Encoder wrapped as one, each task's `care_task_type`
-    as its project task type) on mteb tasks, nothing cached or written, no progress bars: mteb's result."""
+    as its project task type) on mteb tasks, no progress bars: mteb's result (a ModelResult).
+
+    results: None writes nothing (cache=None); a folder is an mteb ResultCache (mteb's own writer):
+    `<folder>/results/<org__name>/<revision>/<Task>.json`, `model_meta.json` and `run_settings.jsonl` beside
+    them (care.evaluation.mteb_adapter.results).  `overwrite` is mteb's overwrite_strategy: "always" (default)
+    scores every task afresh and replaces its file (mteb's own default, "only-missing", would hand back a stored
+    result of a task of the same name even when its data changed since); "only-missing" reuses them."""
     mteb = import_mteb()
     model = encoder if isinstance(encoder, MtebEncoder) else MtebEncoder(encoder)
     model = model.with_task_types({t.metadata.name: t.care_task_type for t in tasks
                                    if getattr(t, "care_task_type", None)})
+    cache = None
+    if results is not None:
+        from mteb.cache import ResultCache
+
+        if model.mteb_model_meta.embed_dim is None:  # a width the model does not state: one query tells it
+            width = embed_width(model.encoder, probe=True)
+            model.mteb_model_meta = model.mteb_model_meta.model_copy(update={"embed_dim": width})
+        cache = ResultCache(Path(results))
     with _quiet_datasets():
-        return mteb.evaluate(model, tasks, cache=None, co2_tracker=False, show_progress_bar=False,
-                             encode_kwargs={"batch_size": batch_size, "show_progress_bar": False})
+        return mteb.evaluate(model, tasks, cache=cache, overwrite_strategy=overwrite, co2_tracker=False,
+                             show_progress_bar=False, encode_kwargs={"batch_size": batch_size,
+                                                                     "show_progress_bar": False})

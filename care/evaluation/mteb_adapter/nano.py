@@ -4,14 +4,16 @@
     load_in_memory(folder, split)         the same data from care.data.nano.load_split, in memory
     nano_task(folder, split)              one split as an mteb AbsTaskRetrieval (retrieval, or reranking)
     run_mteb(encoder, folder)             mteb.evaluate on every split -> {split: {ndcg_at_10, recall_at_100, ...}}
+                                          (results=<folder>: also mteb's result files there)
 """
 from __future__ import annotations
 
 import functools
 import hashlib
+import os
 import re
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -153,13 +155,19 @@ def nano_task(folder: str | Path, split: str, reranking: bool = False, source: s
 
 def run_mteb(encoder: Encoder | MtebEncoder, folder: str | Path, splits: Sequence[str] | None = None,
              reranking: bool = False, source: str = "memory", batch_size: int = 64,
-             scores: Sequence[str] | None = MAIN_SCORES, **task_options) -> dict[str, dict[str, float]]:
-    """mteb.evaluate on each split of a Nano folder, nothing cached or written: {split: {score: value}} with
-    mteb's `scores` (all of them when None) and its `main_score`."""
+             scores: Sequence[str] | None = MAIN_SCORES, results: str | os.PathLike | None = None,
+             name: str | None = None, meta: Mapping[str, Any] | None = None,
+             **task_options) -> dict[str, dict[str, float]]:
+    """mteb.evaluate on each split of a Nano folder: {split: {score: value}} with mteb's `scores` (all of them
+    when None) and its `main_score`.  Nothing is written unless `results` names a folder: mteb's result cache
+    there (one `<folder name>_<split>[_hybrid].json` per split; results.py).  `name`, `meta`: the ModelMeta's
+    name and caller-set fields (MtebEncoder), for an Encoder (an MtebEncoder carries its own)."""
     folder = resolve(folder)
     chosen = list(splits or nano_splits(folder))
     tasks = [nano_task(folder, s, reranking=reranking, source=source, **task_options) for s in chosen]
-    result = mteb_evaluate(encoder, tasks, batch_size)
+    if not isinstance(encoder, MtebEncoder) and (name or meta):
+        encoder = MtebEncoder(encoder, name=name, meta=meta)
+    result = mteb_evaluate(encoder, tasks, batch_size, results=results)
     out = {}
     for split, task_result in zip(chosen, result.task_results):
         row = next(r for r in task_result.scores[split] if r["hf_subset"] == "default")

@@ -7,6 +7,7 @@
 """
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping, Sequence
 
 from care.encoders import Encoder
@@ -17,12 +18,13 @@ from care.evaluation.mteb_adapter.scores import DATA_TYPES, project_metric
 
 
 def evaluate_tasks(encoder: Encoder | MtebEncoder, tasks: Sequence, batch_size: int = 64,
-                   scores: Sequence[str] | None = None) -> dict[str, dict[str, float]]:
-    """mteb.evaluate on mteb tasks (benchmark_tasks, cmteb_task, mteb.get_task), nothing cached or written:
-    {task name: {score: value}} of each task's first eval split, `scores` only (all numeric ones when None),
-    and `main_score`."""
+                   scores: Sequence[str] | None = None, results: str | os.PathLike | None = None,
+                   ) -> dict[str, dict[str, float]]:
+    """mteb.evaluate on mteb tasks (benchmark_tasks, cmteb_task, mteb.get_task): {task name: {score: value}}
+    of each task's first eval split, `scores` only (all numeric ones when None), and `main_score`.  Nothing is
+    written, unless `results` names a folder: mteb's result cache there (mteb_evaluate, results.py)."""
     tasks = list(tasks)
-    result = mteb_evaluate(encoder, tasks, batch_size)
+    result = mteb_evaluate(encoder, tasks, batch_size, results=results)
     by_name = {r.task_name: r for r in result.task_results}
     out = {}
     for task in tasks:
@@ -47,11 +49,14 @@ def project_scores(encoder: Encoder | MtebEncoder, tasks: Sequence, batch_size: 
 
 
 def compare(encoder: Encoder, tasks: Sequence, batch_size: int = 64, cache: EmbeddingCache | None = None,
-            depth: int = 1024, seed: int = 0, similarity: str = "auto") -> dict[str, dict]:
+            depth: int = 1024, seed: int = 0, similarity: str = "auto", results: str | os.PathLike | None = None,
+            name: str | None = None, meta: Mapping | None = None) -> dict[str, dict]:
     """mteb's main score of each task next to the project's counterpart (project_metric), computed in the
     same process: {task name: {type, main_score, mteb, metric, project, diff (mteb - project), mteb_scores,
     project_scores, counts}}.  Tasks the project cannot score (an mteb Classification task, say) get
-    project None.  `cache` (an EmbeddingCache) lets both sides share vectors."""
+    project None.  `cache` (an EmbeddingCache) lets both sides share vectors.  `results`: a folder mteb's
+    result cache writes mteb's results to (none by default); `name`, `meta`: its ModelMeta's name and
+    caller-set fields (MtebEncoder)."""
     tasks = list(tasks)
     ours = {}
     for task in tasks:
@@ -59,7 +64,8 @@ def compare(encoder: Encoder, tasks: Sequence, batch_size: int = 64, cache: Embe
             ours.update(project_scores(encoder, [task], batch_size, cache, depth, seed))
         else:
             load_hub_task(task)
-    theirs = evaluate_tasks(MtebEncoder(encoder, cache=cache, similarity=similarity), tasks, batch_size)
+    model = MtebEncoder(encoder, cache=cache, similarity=similarity, name=name, meta=meta)
+    theirs = evaluate_tasks(model, tasks, batch_size, results=results)
     rows = {}
     for task in tasks:
         name, main = task.metadata.name, task.metadata.main_score

@@ -1,0 +1,5 @@
+"""Exporting trained models: the model card (README.md) every training run's final/ gets, generated from
+its care_training.json, the data pipeline's stats and evaluate.py's summary.json (care.export.card).
+
+Layering: this package sits above care.models / care.encoders / care.data and below care.training and
+the apps (train.py, evaluate.py), which call it; it imports neither care.training nor care.evaluation."""
