@@ -13,7 +13,8 @@ from huggingface_hub import ModelCard
 from care.config import load_config
 from care.data.io import write_json, write_jsonl
 from care.encoders.registry import TRAINING_RECORD, read_record
-from care.export.card import base_models, data_lineage, refresh_card, write_model_card
+from care.export.card import refresh_card, write_model_card
+from care.export.provenance import base_models, data_lineage
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

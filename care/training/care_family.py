@@ -29,7 +29,7 @@ from care.data.io import link_or_copy_tree, read_text_store, write_json
 from care.encoders.cache import EmbeddingCache, embed
 from care.encoders.care import CAREEncoder
 from care.encoders.registry import ensure_towers, tower_config, tower_prompts
-from care.export.card import portable
+from care.export.provenance import portable
 from care.models.hub import NOT_WEIGHTS, local_folder
 from care.models.towers import Tower, care_towers
 from care.training.model import freeze, training_dtype

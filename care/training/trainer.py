@@ -30,7 +30,8 @@ from transformers import get_cosine_schedule_with_warmup
 
 from care.data.io import atomic_folder, link_or_copy_tree, write_json
 from care.encoders.registry import TRAINING_RECORD, read_record
-from care.export.card import base_models, data_lineage, portable, write_model_card
+from care.export.card import write_model_card
+from care.export.provenance import base_models, data_lineage, portable
 from care.export.st_folder import write_st_files
 from care.training.checkpoint import AlreadyFinished, ResumeError, RunFolder, config_hash
 from care.training.data import EpochSampler, TrainingGroups, collate_groups, require_training_files
