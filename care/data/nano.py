@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import os
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -30,10 +31,15 @@ HYBRID_TOP_K = 100  # docs/nano.md s.8: a 101st candidate is the safeguard posit
 MTEB_SUBSET = "mteb-"  # configs that re-present the others for mteb's loader
 
 
+class NanoDataWarning(UserWarning):
+    """Rows of a Nano split that the reader left out (the message names the file and the count)."""
+
+
 @dataclass
 class NanoSplit:
     """One split of a Nano dataset.  qrels: {query id: {positive doc id: 1}} (binary, as HAKARI scores);
-    candidates: {config: {query id: [doc ids, best first]}}; safeguards: {query id: doc id at rank 101}."""
+    candidates: {config: {query id: [doc ids, best first]}}; safeguards: {query id: doc id at rank 101};
+    counts: what was read and what was left out (load_split)."""
 
     name: str
     queries: dict[str, str]
@@ -41,6 +47,7 @@ class NanoSplit:
     qrels: dict[str, dict[str, int]]
     candidates: dict[str, dict[str, list[str]]] = field(default_factory=dict)
     safeguards: dict[str, str] = field(default_factory=dict)
+    counts: dict[str, int] = field(default_factory=dict)
 
 
 def _front_matter(readme: Path) -> dict:
@@ -137,37 +144,63 @@ def read_rows(folder: str | Path, config: str, split: str, columns: list[str] | 
     return rows
 
 
-def _texts(folder: Path, config: str, split: str) -> dict[str, str]:
-    out = {}
-    for i, r in enumerate(read_rows(folder, config, split, ["_id", "text"])):
+def _texts(folder: Path, config: str, split: str, files: dict) -> tuple[dict[str, str], set[str]]:
+    """{id: text} of a config's split, and the ids whose text is blank (dropped, as sentence-transformers'
+    Nano loaders drop them)."""
+    out, blank = {}, set()
+    for i, r in enumerate(read_rows(folder, config, split, ["_id", "text"], files=files)):
         if r["_id"] is None or r["text"] is None:
             raise DataError(folder / config, i + 1, "_id" if r["_id"] is None else "text", "empty value")
-        if str(r["text"]).strip():  # empty texts are dropped, as sentence-transformers' Nano loaders do
+        if str(r["text"]).strip():
             out[str(r["_id"])] = str(r["text"])
-    return out
+        else:
+            blank.add(str(r["_id"]))
+    return out, blank - set(out)
+
+
+def _file_names(folder: Path, files: dict, config: str, split: str) -> str:
+    paths = files.get(config, {}).get(split) or [folder / config]
+    return ", ".join(str(p) for p in paths)
 
 
 def load_split(folder: str | Path, split: str) -> NanoSplit:
     """Every config of one split: texts, positive qrels, each candidate list, the safeguards.  An id in the
-    qrels or a candidate list that is not in the corpus is an error naming the config and query."""
+    qrels or a candidate list that is not in the corpus is an error naming the config and query.  A qrel
+    whose query is not in the queries (or was dropped for a blank text) cannot be scored: it is left out,
+    counted in `counts` (qrels_unknown_query: positives, qrels_unknown_query_ids: distinct query ids) and
+    said in a NanoDataWarning naming the qrels file and the count."""
     folder = Path(folder)
+    files = config_files(folder)
     if split not in splits(folder):
         raise ValueError(f"{folder}: no split {split!r} (splits: {', '.join(splits(folder))})")
-    queries, corpus = _texts(folder, "queries", split), _texts(folder, "corpus", split)
+    (queries, blank_queries), (corpus, blank_docs) = (_texts(folder, c, split, files) for c in ("queries", "corpus"))
     qrels: dict[str, dict[str, int]] = {}
-    for r in read_rows(folder, "qrels", split, ["query-id", "corpus-id"]):
+    for r in read_rows(folder, "qrels", split, ["query-id", "corpus-id"], files=files):
         docs = r["corpus-id"] if isinstance(r["corpus-id"], list) else [r["corpus-id"]]
         for d in docs:
             if str(d) not in corpus:
-                raise DataError(folder / "qrels", None, "corpus-id", f"split {split}: query {r['query-id']} has "
-                                f"positive {d} that is not in the corpus")
+                why = "whose text is blank (dropped)" if str(d) in blank_docs else "that is not in the corpus"
+                raise DataError(_file_names(folder, files, "qrels", split), None, "corpus-id",
+                                f"split {split}: query {r['query-id']} has positive {d} {why}")
             qrels.setdefault(str(r["query-id"]), {})[str(d)] = 1
-    data = NanoSplit(split, queries, corpus, {q: j for q, j in qrels.items() if q in queries})
-    for config, by_split in config_files(folder).items():
+    unknown = [q for q in qrels if q not in queries]
+    counts = {"queries": len(queries), "corpus": len(corpus),
+              "qrels": sum(len(j) for q, j in qrels.items() if q in queries),
+              "blank_queries_dropped": len(blank_queries), "blank_docs_dropped": len(blank_docs),
+              "qrels_unknown_query": sum(len(qrels[q]) for q in unknown),
+              "qrels_unknown_query_ids": len(unknown)}
+    if unknown:
+        blank = sum(q in blank_queries for q in unknown)
+        warnings.warn(f"{_file_names(folder, files, 'qrels', split)}: {counts['qrels_unknown_query']} qrels of "
+                      f"{len(unknown)} query ids that are not in the queries of split {split} are left out "
+                      f"(e.g. {unknown[0]}" + (f"; {blank} of those ids have a blank query text" if blank else "")
+                      + ")", NanoDataWarning, stacklevel=2)
+    data = NanoSplit(split, queries, corpus, {q: j for q, j in qrels.items() if q in queries}, counts=counts)
+    for config, by_split in files.items():
         if config in CORE or config.startswith(MTEB_SUBSET) or split not in by_split:
             continue  # texts and qrels, or an mteb view of them (data_pipeline/nano/layout.py)
         try:
-            rows = read_rows(folder, config, split, ["query-id", "corpus-ids"])
+            rows = read_rows(folder, config, split, ["query-id", "corpus-ids"], files=files)
         except DataError:
             continue  # not a candidate config (e.g. an mteb view): its own reader takes it
         lists = {}

@@ -58,7 +58,9 @@ def _load(spec: TowerSpec, where: str, dtype: torch.dtype | None):
         tokenizer = AutoTokenizer.from_pretrained(folder, trust_remote_code=spec.trust_remote_code)
     except ValueError as e:
         if "trust_remote_code" in str(e):
-            raise ValueError(f"{spec.path} needs its own modelling code: set {where}.trust_remote_code=true "
+            # `++` sets the key or adds it: a plain `key=value` override is refused by Hydra where the model
+            # config does not name trust_remote_code (most do not), `+key=value` where it does
+            raise ValueError(f"{spec.path} needs its own modelling code: pass ++{where}.trust_remote_code=true "
                              f"(off by default: it runs code shipped with the model)") from None
         raise
     # the tokenizer's faults first: said in seconds, not after loading billions of weights

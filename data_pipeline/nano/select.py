@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import hashlib
 import random
+import warnings
 from dataclasses import dataclass
 
 from data_pipeline.nano.sources import SourceTask
@@ -242,4 +243,36 @@ def select(task: SourceTask, query_limit: int = 200, doc_limit: int = 10_000, qu
         },
         "source": dict(task.provenance),
     }
+    _unmatched_qrels(task, metadata)
     return Selection(queries, corpus, qrels, metadata)
+
+
+class NanoSourceWarning(UserWarning):
+    """qrels of a source task that name a query or document the task does not have."""
+
+
+def _qrels_file(task: SourceTask) -> str:
+    prov = task.provenance
+    where = prov.get("qrels_file") or prov.get("qrels_config") or ""
+    return "/".join(str(p) for p in (prov.get("path"), where) if p) or task.name
+
+
+def _unmatched_qrels(task: SourceTask, metadata: dict) -> None:
+    """Count, in metadata["qrels_selection"], the qrels whose query id is not among the task's queries or
+    whose document id is not in its corpus (no Nano split can use them), and warn once naming the file."""
+    query_ids = {q for q, _ in task.queries}
+    doc_ids = {d for d, _ in task.corpus}
+    unknown = {"positive_qrels_unknown_query": 0, "non_positive_qrels_unknown_query": 0,
+               "positive_qrels_unknown_doc": 0, "non_positive_qrels_unknown_doc": 0}
+    for qid, did, score in task.qrels:
+        kind = "positive" if score > 0 else "non_positive"
+        unknown[f"{kind}_qrels_unknown_query"] += qid not in query_ids
+        unknown[f"{kind}_qrels_unknown_doc"] += did not in doc_ids
+    metadata["qrels_selection"].update(unknown)
+    queries = unknown["positive_qrels_unknown_query"] + unknown["non_positive_qrels_unknown_query"]
+    docs = unknown["positive_qrels_unknown_doc"] + unknown["non_positive_qrels_unknown_doc"]
+    if queries or docs:
+        parts = [f"{n} qrels whose {what} id is not in the {where}" for n, what, where in
+                 ((queries, "query", "queries"), (docs, "corpus", "corpus")) if n]
+        warnings.warn(f"{_qrels_file(task)}: {' and '.join(parts)} (task {task.name}); they are left out "
+                      f"(counts in metadata/{task.name}.json qrels_selection)", NanoSourceWarning, stacklevel=3)

@@ -1,7 +1,8 @@
 """Stage `nano`: one Nano dataset, one split per retrieval task (docs/nano.md; conf/pipeline/nano.yaml).
 
     python -m data_pipeline stage=nano                     the open splits from the shared data
-    python -m data_pipeline stage=nano input=DIR out=OUT   any task folder (BEIR or mteb / HAKARI parquet)
+    python -m data_pipeline stage=nano input=DIR out=OUT   any task folder (BEIR or mteb / HAKARI parquet);
+                                                           without out=, ${out_root}/nano/Nano<DIR's name>
 
 Per split: the selection (select.py), BM25 top-500 (bm25s robertson over HAKARI's jieba tokens), dense
 top-500 with the configured encoder through the embedding cache (the corpus is encoded shard by shard,
@@ -174,6 +175,28 @@ def _tasks(cfg: DictConfig, opts: dict) -> tuple[dict[str, SourceTask], list[Pat
     return tasks, files, {"data_root": str(root), "sources": {s: data["sources"][s] for s in SHARED_SOURCES}}
 
 
+def output_folder(cfg: DictConfig, opts: dict) -> tuple[str, Path]:
+    """The dataset's name (the card's title) and folder.  The open splits: nano.name or the open dataset's
+    name (nano.open_name), in out= / nano.out_dir or ${nano.root}/<name>.  An input= task: nano.name or
+    Nano<input folder name> (as is when it already starts with "Nano"), in out= / nano.out_dir or
+    ${nano.root}/<name>; never the open dataset's name or folder, which `evaluate.py benchmark=nano` would
+    score as the open stand-in (a ValueError says so)."""
+    open_name, root = opts["open_name"], Path(opts["root"]).expanduser()
+    explicit = cfg.get("out") or opts.get("out_dir")
+    if not cfg.get("input"):
+        name = opts["name"] or open_name
+        return name, (Path(explicit) if explicit else root / name).expanduser().resolve()
+    folder = Path(cfg.input).expanduser().resolve().name
+    name = opts["name"] or (folder if folder.startswith("Nano") else f"Nano{folder}")
+    out = (Path(explicit) if explicit else root / name).expanduser().resolve()
+    open_dir = (root / open_name).resolve()
+    if name == open_name or out == open_dir:
+        raise ValueError(f"nano: input={cfg.input} would be written as the open dataset "
+                         f"({open_name}, {open_dir}), which `evaluate.py benchmark=nano` scores as the open "
+                         f"stand-in; name it otherwise (nano.name=...) or write it elsewhere (out=DIR)")
+    return name, out
+
+
 def _selection_options(opts: dict) -> dict:
     keys = ("query_limit", "doc_limit", "query_selection", "seed", "corpus_order", "dedupe_query_texts",
             "dedupe_doc_texts", "qrels_cap")
@@ -185,7 +208,8 @@ def run(cfg: DictConfig) -> dict:
 
     opts = OmegaConf.to_container(cfg.nano, resolve=True)
     model = OmegaConf.to_container(cfg.model, resolve=True)
-    out = Path(cfg.out).expanduser().resolve() if cfg.get("out") else Path(opts["out_dir"])
+    name, out = output_folder(cfg, opts)
+    opts["name"] = name
     tasks, files, source = _tasks(cfg, opts)
     dense = dense_name(opts, model)
     check = opts["leakage"]["check"] and (not cfg.get("input")
@@ -218,9 +242,10 @@ def run(cfg: DictConfig) -> dict:
             built[name] = build_split(task, selections[name], encoder, cache, opts, dense, tmp)
             print(f"nano/{name}: {built[name]['card']['queries']} queries, {built[name]['card']['corpus']:,} docs, "
                   f"{built[name]['quality_row']['safeguards']} safeguards, {time.perf_counter() - t0:.1f} s")
-        table = _write_dataset_files(tmp, opts, model, dense, built, encoder)
+        table = _write_dataset_files(tmp, opts, model, dense, built, encoder, bool(cfg.get("input")))
         audit_folder(tmp, opts["hybrid"]["top_k"])  # the files as written, read back (HAKARI audits its upload)
         stats = {"stage": "nano", "fingerprint": fp, "name": opts["name"], "out_dir": str(out), "dense": dense,
+                 "input": source.get("input"),
                  "leakage": leakage, "seconds": round(time.perf_counter() - start, 1),
                  "embeddings_encoded": cache.misses, "embeddings_from_cache": cache.hits,
                  "splits": {n: {**b["card"], "seconds": b["metadata"]["seconds"],
@@ -245,7 +270,8 @@ def audit_folder(folder: str | Path, top_k: int = candidates.HYBRID_TOP_K) -> li
     return names
 
 
-def _write_dataset_files(out: Path, opts: dict, model: dict, dense: str, built: dict, encoder) -> list[str]:
+def _write_dataset_files(out: Path, opts: dict, model: dict, dense: str, built: dict, encoder,
+                         from_input: bool = False) -> list[str]:
     """reranking_hybrid_metadata.json in HAKARI's schema (docs/nano.md s.10) and the README card; returns the
     card's Candidate Quality table."""
     prompts = encoder.prompts
@@ -264,12 +290,22 @@ def _write_dataset_files(out: Path, opts: dict, model: dict, dense: str, built: 
     write_json(out / METADATA, {
         "generated_at_utc": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "source_dataset": opts["name"], "configs": configs, "splits": {n: b["meta"] for n, b in built.items()}})
-    intro = [(f"An open, Nano-style Chinese medical retrieval dataset built by this project's `nano` stage "
-              f"(data_pipeline/nano) with HAKARI-bench's NanoCMTEB recipe (docs/nano.md). **It is not NanoCMTEB**: "
-              f"its splits come from public medical sets, and its dense list is `{dense}` "
-              f"({model.get('label', model['name'])}), not harrier-oss-v1-270m."), "",
+    dense_model = f"`{dense}` ({model.get('label', model['name'])}), not harrier-oss-v1-270m"
+    if from_input:  # a user's task: named as such, never described as the open dataset
+        tasks = ", ".join(f"`{n}` ({b['metadata']['source'].get('description', n)})" for n, b in built.items())
+        first = (f"A Nano-style retrieval dataset built from the task {tasks} by this project's `nano` stage "
+                 f"(data_pipeline/nano, `input=`) with HAKARI-bench's NanoCMTEB recipe (docs/nano.md). "
+                 f"**It is not NanoCMTEB, nor the open {opts['open_name']}**: its split comes from that task, and "
+                 f"its dense list is {dense_model}.")
+    else:
+        first = (f"An open, Nano-style Chinese medical retrieval dataset built by this project's `nano` stage "
+                 f"(data_pipeline/nano) with HAKARI-bench's NanoCMTEB recipe (docs/nano.md). **It is not NanoCMTEB**: "
+                 f"its splits come from public medical sets, and its dense list is {dense_model}.")
+    score = ("`python evaluate.py benchmark=nano benchmark.nano.path=<this folder>`" if from_input
+             else "`python evaluate.py benchmark=nano`")
+    intro = [first, "",
              ("Load a config with `datasets.load_dataset(\"<this folder>\", \"queries\", split=\"<split>\")`; "
-              "score a model with `python evaluate.py benchmark=nano` (README of the project)."), "",
+              f"score a model with {score} (README of the project)."), "",
              "Splits and sources:"]
     intro += [f"- `{n}`: {b['metadata']['source'].get('description', b['metadata']['source'])}" for n, b in built.items()]
     rows = {n: b["quality_row"] for n, b in built.items()}
