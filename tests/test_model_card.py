@@ -1,3 +1,4 @@
+# ruff: noqa: F811  (task_paths, imported from test_evaluate_cli, is a fixture named as a test parameter)
 """The model card (care.export.card): a tiny M3 run's final/README.md parses with huggingface_hub, names its
 start and its data lineage, holds no absolute path; `evaluate.py ckpt=final` rewrites it with a model-index
 equal to summary.json's numbers; a CARE record names both towers' starts."""
@@ -9,6 +10,7 @@ from pathlib import Path
 
 import pytest
 from huggingface_hub import ModelCard
+from test_evaluate_cli import overrides, task_paths  # noqa: F401  (task_paths: a fixture)
 
 from care.config import load_config
 from care.data.io import write_json, write_jsonl
@@ -107,27 +109,12 @@ def test_card_of_a_trained_model_parses_and_names_its_start_and_lineage(trained)
     assert lineage["pipeline"] is False and lineage["training_examples"] == 1 and "not written by" in lineage["note"]
 
 
-def test_evaluate_ckpt_writes_model_index_equal_to_summary(trained, tmp_path):
+def test_evaluate_ckpt_writes_model_index_equal_to_summary(trained, task_paths, tmp_path):
     from evaluate import evaluate
 
-    beir = tmp_path / "retrieval"
-    write_jsonl(beir / "corpus.jsonl", ({"_id": f"d{i}", "text": t} for i, t in enumerate(DOCS)))
-    write_jsonl(beir / "queries.jsonl", ({"_id": f"q{i}", "text": t} for i, t in enumerate(QUERIES)))
-    (beir / "qrels").mkdir()
-    (beir / "qrels" / "test.tsv").write_text(
-        "query-id\tcorpus-id\tscore\n" + "".join(f"q{i}\td{i}\t{2 if i % 2 else 1}\n" for i in range(4)), encoding="utf-8")
-    rerank = tmp_path / "rerank.jsonl"
-    write_jsonl(rerank, ({"query": q, "positive": [DOCS[i]], "negative": DOCS[4:7]} for i, q in enumerate(QUERIES)))
-    sts = tmp_path / "sts.jsonl"
-    write_jsonl(sts, ({"sentence1": q, "sentence2": d, "score": s}
-                      for q, d, s in zip(QUERIES + QUERIES, DOCS[:4] + DOCS[4:], [2, 2, 1, 2, 0, 0, 1, 0])))
     final = trained["final"]
-    cfg = load_config("evaluate", [
-        f"ckpt={final}", "baselines=[bm25]", "gain_over=bm25", "benchmark=cmedteb", f"benchmark.tasks.cmed_v1.path={rerank}",
-        f"benchmark.tasks.cmed_v2.path={rerank}", f"benchmark.tasks.retrieval.path={beir}",
-        f"benchmark.tasks.rerank.path={rerank}", f"benchmark.tasks.sts.path={sts}",
-        f"extra_benchmark.tasks.cmedqa2.path={beir}", "extra_benchmark.tasks.cmedqa2.metrics=[success_10,mrr_10]",
-        f"out_dir={tmp_path / 'eval'}", f"cache.dir={tmp_path / 'cache'}", "efficiency.queries=2", "efficiency.docs=4"])
+    cfg = load_config("evaluate", [f"ckpt={final}", "baselines=[bm25]", "gain_over=bm25",
+                                   *overrides(task_paths, tmp_path)])
     result = evaluate(cfg)
     assert result["cards"] == [str(final / "README.md")]
     summary = json.loads((tmp_path / "eval" / "summary.json").read_text(encoding="utf-8"))
@@ -139,7 +126,7 @@ def test_evaluate_ckpt_writes_model_index_equal_to_summary(trained, tmp_path):
         if (bench, task) in tasks:
             primary = next(b for b in summary["benchmarks"] if b["name"] == bench)["tasks"][task]["primary"]
             expected[(f"{bench}-{task}", metric[0] if metric else primary)] = row["scores"][col["key"]]
-    assert len(expected) == 7  # five CMedTEB slots + cmedqa2's two metrics
+    assert len(expected) == 8  # five CMedTEB slots + cmedqa2's three metrics
 
     card = ModelCard.load(final / "README.md")
     got = {(r.dataset_type, r.metric_type): r.metric_value for r in card.data.eval_results}

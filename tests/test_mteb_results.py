@@ -8,29 +8,13 @@ mteb writes its scores rounded to 6 decimals (TaskResult.to_disk), hence the com
 from __future__ import annotations
 
 import json
-import os
 
 import pytest
+from test_nano_mteb import mteb_cache  # noqa: F401  (mteb's import-time result folder in a temporary place)
 
-pytestmark = pytest.mark.usefixtures("one_thread")
+pytestmark = pytest.mark.usefixtures("one_thread", "mteb_cache")
 
 ROUND = 1e-6  # mteb's on-disk rounding (6 decimals)
-
-
-@pytest.fixture(scope="module", autouse=True)
-def mteb_cache(tmp_path_factory):
-    """mteb's import-time result folder in a temporary place, as the other mteb test modules do."""
-    from care.evaluation.mteb_adapter import import_mteb
-
-    folder = tmp_path_factory.mktemp("mteb-cache")
-    saved = os.environ.get("MTEB_CACHE")
-    os.environ["MTEB_CACHE"] = str(folder)
-    import_mteb()
-    yield folder
-    if saved is None:
-        os.environ.pop("MTEB_CACHE")
-    else:
-        os.environ["MTEB_CACHE"] = saved
 
 
 @pytest.fixture(scope="module")
