@@ -39,6 +39,7 @@ from care.evaluation.significance import cell_items, gain_interval
 from care.export.card import refresh_card
 from care.retrieval.bm25 import BM25Scorer
 from care.retrieval.scorer import EncoderScorer
+from care.runlock import locked_out_dir
 from data_pipeline import benchmarks as builders
 
 
@@ -245,7 +246,7 @@ def refresh_cards(entries: list[dict], rows: list[dict], summary_path: Path) -> 
 
 @hydra.main(config_path=str(CONF_DIR), config_name="evaluate", version_base="1.3")
 def main(cfg: DictConfig) -> None:
-    run_reporting_bad_input(evaluate, cfg)
+    run_reporting_bad_input(locked_out_dir(evaluate), cfg)
 
 
 if __name__ == "__main__":

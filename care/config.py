@@ -40,7 +40,7 @@ def run_reporting_bad_input(run: Callable[[DictConfig], object], cfg: DictConfig
 # in these share a recipe.
 RUN_SETTINGS = ("trainer.resume", "trainer.max_steps_this_session", "trainer.num_workers", "trainer.log_every",
                 "trainer.checkpoint_every", "trainer.keep_checkpoints", "validation.batch_size", "wandb",
-                "overwrite", "output_dir", "run_name", "experiment_name", "hydra", "data.dir", "data.texts",
+                "overwrite", "lock_force", "output_dir", "run_name", "experiment_name", "hydra", "data.dir", "data.texts",
                 "data.examples")
 
 

@@ -11,18 +11,32 @@ AdamW's moments, the schedule, every RNG (dropout) and the data position; the da
 (care.training.data).  A checkpoint of another config (another hash) is refused, as is replacing the final
 model of another run.  Checkpoints hold full (unsharded) states: DDP, the tested multi-process setting;
 several nodes need the run folder on a shared filesystem.
+
+Every checkpoint holds manifest.json, written inside the atomic folder before it is swapped in:
+    {"format": 1, "algorithm": "xxh3_128", "files": {"state.pt": {"size": N, "xxh3_128": "<32 hex>"}, ...,
+     "model/model.safetensors": {...}}}   every file of the folder (model/ too), but the manifest itself.
+Resume verifies it (sizes, then digests) before loading anything.  `trainer.resume=auto` takes the newest
+checkpoint that verifies; newer ones that fail are named (checkpoint and file) and moved aside to
+checkpoints/.corrupt-step-N (so they never shadow the checkpoints the resumed run writes; delete them once
+looked at), and the run says which one it used instead.  None verifies: a ResumeError naming each folder and
+file.  An explicit `trainer.resume=PATH` that fails is refused (ResumeError).  A checkpoint written before
+manifests existed (no manifest.json) is accepted with a notice that it cannot be verified; a file of it that
+cannot be read is a ResumeError naming the file.  A resumed run prints "resumed from <folder> at step N".
 """
 from __future__ import annotations
 
 import hashlib
 import json
+import os
 import random
 import shutil
+import sys
 from pathlib import Path
 
 import numpy as np
 import torch
-from accelerate.utils import gather_object
+import xxhash
+from accelerate.utils import broadcast_object_list, gather_object
 from omegaconf import DictConfig, OmegaConf
 
 from care.config import RUN_SETTINGS, without_keys
@@ -34,10 +48,16 @@ from care.models.hub import weights_digest
 RESUME_SAFE = RUN_SETTINGS
 # What a run folder holds besides its checkpoints (overwrite=true removes all of it).
 RUN_OUTPUTS = ("checkpoints", "best", "tuned", "final", "metrics.jsonl", "curves.png")
+MANIFEST = "manifest.json"
+DIGEST = "xxh3_128"  # ~10 GB/s: verifying a multi-GB state.pt costs about its read from disk
 
 
 class ResumeError(RuntimeError):
     """A checkpoint that does not belong to this config, or a final model of another run in the way."""
+
+
+class CheckpointInvalid(ResumeError):
+    """A checkpoint whose files do not match its manifest (or cannot be read); the message names the file."""
 
 
 class AlreadyFinished(ResumeError):
@@ -57,6 +77,56 @@ def config_hash(cfg: DictConfig) -> str:
     paths = [cfg.model[side].path for side in ("query", "document")] if "query" in cfg.model else [cfg.model.path]
     c["start_weights"] = [weights_digest(p) for p in paths] if len(paths) > 1 else weights_digest(paths[0])
     return hashlib.sha256(json.dumps(c, sort_keys=True).encode()).hexdigest()[:16]
+
+
+# ---- the manifest: every file's size and digest --------------------------------------------------------
+def digest(path: Path, algorithm: str = DIGEST) -> str:
+    h = xxhash.xxh3_128() if algorithm == "xxh3_128" else hashlib.new(algorithm)
+    with open(path, "rb") as fh:
+        for block in iter(lambda: fh.read(8 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def write_manifest(folder: Path) -> Path:
+    """manifest.json of every file under `folder` (sub-folders too), by relative POSIX path."""
+    files = {p.relative_to(folder).as_posix(): {"size": p.stat().st_size, DIGEST: digest(p)}
+             for p in sorted(folder.rglob("*")) if p.is_file() and p.relative_to(folder).as_posix() != MANIFEST}
+    path = folder / MANIFEST
+    path.write_text(json.dumps({"format": 1, "algorithm": DIGEST, "files": files}, indent=1), encoding="utf-8")
+    return path
+
+
+def verify_checkpoint(folder: Path) -> bool:
+    """True: every file of the manifest is there with its size and digest; False: no manifest (a checkpoint
+    from before manifests, which cannot be verified).  Raises CheckpointInvalid naming the first bad file."""
+    folder = Path(folder)
+    if not folder.is_dir():
+        raise CheckpointInvalid(f"checkpoint {folder} does not exist")
+    path = folder / MANIFEST
+    if not path.exists():
+        return False
+    try:
+        manifest = json.loads(path.read_text(encoding="utf-8"))
+        algorithm, files = manifest["algorithm"], manifest["files"]
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise CheckpointInvalid(f"checkpoint {folder}: {MANIFEST} is unreadable ({type(e).__name__}: {e})") from None
+    for name, want in files.items():  # sizes first: a truncated file is found without hashing the rest
+        file = folder / name
+        if not file.is_file():
+            raise CheckpointInvalid(f"checkpoint {folder}: {name} is missing")
+        if file.stat().st_size != want["size"]:
+            raise CheckpointInvalid(f"checkpoint {folder}: {name} has {file.stat().st_size} bytes, the manifest "
+                                    f"says {want['size']} (truncated or overwritten)")
+    for name, want in files.items():
+        if digest(folder / name, algorithm) != want[algorithm]:
+            raise CheckpointInvalid(f"checkpoint {folder}: {name} does not match its {algorithm} digest in "
+                                    f"{MANIFEST} (corrupted)")
+    return True
+
+
+def _say(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
 
 
 # ---- RNG state as tensors and lists (torch.load(weights_only=True) refuses numpy objects; docs/facts.md s.6)
@@ -125,26 +195,68 @@ class RunFolder:
                     torch.save(r, tmp / f"rng-{rank}.pt")
                 if write_model is not None:
                     write_model(tmp / CHECKPOINT_MODEL)
+                write_manifest(tmp)  # last: it covers every file above
             for old in self.checkpoints()[:-keep]:
                 shutil.rmtree(old)
         acc.wait_for_everyone()
         return final
 
     def resume_point(self, resume) -> Path | None:
-        """`trainer.resume`: auto = the latest checkpoint if any, a path, or null = never."""
+        """`trainer.resume`: auto = the newest checkpoint that verifies, if any; a path (verified, or refused);
+        null = never.  The main process verifies and every process gets its choice (or its error)."""
         if not resume:
             return None
-        if resume == "auto":
-            found = self.checkpoints()
-            return found[-1] if found else None
-        return Path(resume)
+        acc = self.accelerator
+        choice = [None, None]  # folder, error message
+        if acc.is_main_process:
+            try:
+                found = self._choose(resume) if resume != "auto" or self.checkpoints() else None
+                choice[0] = str(found) if found else None
+            except ResumeError as e:
+                choice[1] = str(e)
+        if acc.num_processes > 1:
+            choice = broadcast_object_list(choice)
+        if choice[1]:
+            raise ResumeError(choice[1])
+        return Path(choice[0]) if choice[0] else None
+
+    def _choose(self, resume) -> Path:
+        if resume != "auto":
+            folder = Path(resume)
+            try:
+                verified = verify_checkpoint(folder)
+            except CheckpointInvalid as e:
+                raise CheckpointInvalid(f"trainer.resume={resume}: {e}; refusing to resume from it") from None
+            if not verified:
+                _say(f"note: checkpoint {folder} has no {MANIFEST} (written before manifests): it cannot be verified")
+            return folder
+        failed = []
+        for folder in reversed(self.checkpoints()):
+            try:
+                verified = verify_checkpoint(folder)
+            except CheckpointInvalid as e:
+                failed.append((folder, str(e)))
+                _say(f"warning: {e}")
+                continue
+            if not verified:
+                _say(f"note: checkpoint {folder} has no {MANIFEST} (written before manifests): it cannot be verified")
+            for bad, _ in failed:  # newer than the one used: the resumed run rewrites those steps
+                aside = bad.with_name(f".corrupt-{bad.name}")
+                shutil.rmtree(aside, ignore_errors=True)
+                os.replace(bad, aside)
+                _say(f"warning: {bad.name} failed verification (moved aside to {aside}); resuming from the "
+                     f"newest checkpoint that verifies instead: {folder}")
+            return folder
+        raise CheckpointInvalid(f"no checkpoint in {self.out / 'checkpoints'} verifies: "
+                                + "; ".join(message for _, message in failed)
+                                + ". Pass trainer.resume=null or overwrite=true to start over")
 
     def load(self, folder: Path) -> dict:
         """The checkpoint's state (checked against this run) with this process's RNG state restored."""
         acc = self.accelerator
         if not (folder / "state.pt").exists():
             raise ResumeError(f"{folder} is not a checkpoint (no state.pt)")
-        state = torch.load(folder / "state.pt", map_location="cpu", weights_only=True)
+        state = _read(folder / "state.pt")
         if state["config_hash"] != self.hash:
             raise ResumeError(
                 f"checkpoint {folder} belongs to another config (hash {state['config_hash']}, this run's is "
@@ -153,5 +265,16 @@ class RunFolder:
         if state["num_processes"] != acc.num_processes:
             raise ResumeError(f"checkpoint {folder} was written by {state['num_processes']} processes, this run "
                               f"has {acc.num_processes}: the data position and RNG streams would not match")
-        set_rng_state(torch.load(folder / f"rng-{acc.process_index}.pt", weights_only=True))
+        set_rng_state(_read(folder / f"rng-{acc.process_index}.pt"))
+        if acc.is_main_process:
+            print(f"resumed from {folder} at step {state['step']}", flush=True)
         return state
+
+
+def _read(path: Path):
+    """torch.load(weights_only=True), a file that cannot be read named in one line."""
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as e:  # noqa: BLE001 (truncated zip, bad pickle, missing file: all say which file)
+        raise CheckpointInvalid(f"checkpoint file {path} cannot be read ({type(e).__name__}: "
+                                f"{str(e).splitlines()[0] if str(e) else ''})") from None

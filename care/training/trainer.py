@@ -33,6 +33,7 @@ from care.encoders.registry import TRAINING_RECORD, read_record
 from care.export.card import write_model_card
 from care.export.provenance import base_models, data_lineage, portable
 from care.export.st_folder import write_st_files
+from care.runlock import FORCE_KEY, lock_run_folder, release_lock_after, release_lock_on_error
 from care.training.checkpoint import AlreadyFinished, ResumeError, RunFolder, config_hash
 from care.training.data import EpochSampler, TrainingGroups, collate_groups, require_training_files
 from care.training.distributed import gather_reps, world_size
@@ -57,6 +58,7 @@ class Trainer:
     """`Trainer(cfg).fit()` trains and returns a summary; `callbacks` run after every step with the trainer
     (tests use one to simulate a crash)."""
 
+    @release_lock_on_error
     def __init__(self, cfg: DictConfig, callbacks: Sequence[Callable[[Trainer], None]] = ()):
         self.cfg, self.callbacks = cfg, list(callbacks)
         t = cfg.trainer
@@ -67,6 +69,7 @@ class Trainer:
         require_training_files(cfg.data.texts, cfg.data.examples)  # before hashing them: say what writes them
         self.hash = config_hash(cfg)
         self.folder = RunFolder(self.out, self.hash, acc)
+        self.run_lock = lock_run_folder(self.out, "training", acc, force=cfg.get(FORCE_KEY, False))
         self.folder.check(cfg.overwrite)
         self.log_rows = RunLog(self.out, acc, cfg, self.hash)
         set_seed(cfg.seed)
@@ -79,7 +82,7 @@ class Trainer:
             # older mine stage should be re-mined.
             warnings.warn(f"trainer.query_side_pools={sorted(self.query_side_pools)} but {cfg.data.examples} names no "
                           "pool, so every passage gets the document prefix; a file from an older mine stage: "
-                          "re-run `python -m data_pipeline stage=mine force=true`", stacklevel=2)
+                          "re-run `python -m data_pipeline stage=mine force=true`", stacklevel=3)
         self.family = build_family(cfg)
         towers = [m for m in (self.family.query_module, self.family.document_module) if m is not None]
         # Only modules with trainable weights are prepared (DDP refuses a module with nothing to train); a
@@ -207,6 +210,7 @@ class Trainer:
         self.optimizer.zero_grad(set_to_none=True)
         return {**{f"loss/{k}": float(v) for k, v in losses.items()}, "grad_norm": float(grad_norm), "lr": lr}
 
+    @release_lock_after
     def fit(self, end_training: bool = True) -> dict:
         """`end_training=False` keeps the process group for another Trainer in this process (CARE's stage II
         after stage I: accelerate's end_training destroys it, and a later Accelerator does not re-create it)."""
