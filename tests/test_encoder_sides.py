@@ -142,3 +142,23 @@ def test_validation_takes_only_documents_from_the_cache(tmp_path):
     for _ in range(2):
         validator(enc)
     assert len(enc.seen["query"]) == 2 and len(enc.seen["document"]) == 2  # the two candidates, once
+
+
+def test_identity_follows_the_weights_not_the_folder(tiny_bert_dir, tmp_path):
+    """A copied folder keeps its fingerprint (its cached vectors); other weights or another pooling do not."""
+    import shutil
+
+    from care.encoders import build_encoder
+
+    cfg = {"kind": "dense", "name": "t", "pooling": "cls", "max_length": 32}
+    copy = shutil.copytree(tiny_bert_dir, tmp_path / "copy")
+    here, there = (build_encoder({**cfg, "path": str(p)}, device="cpu") for p in (tiny_bert_dir, copy))
+    assert here.fingerprint == there.fingerprint
+    assert build_encoder({**cfg, "path": str(copy), "pooling": "mean"}, device="cpu").fingerprint != here.fingerprint
+    from safetensors.torch import load_file, save_file
+
+    weights = load_file(copy / "model.safetensors")
+    name = next(iter(weights))
+    weights[name] = weights[name] + 1.0
+    save_file(weights, str(copy / "model.safetensors"), metadata={"format": "pt"})
+    assert build_encoder({**cfg, "path": str(copy)}, device="cpu").fingerprint != here.fingerprint

@@ -192,7 +192,7 @@ class HFDenseEncoder(Encoder):
             self._onnx = OnnxForward(self.model, dict(example), int8=backend == "onnx_int8")
 
     def identity(self, side: str) -> dict:
-        ident = {"class": type(self).__name__, "weights": weights_digest(self.path), "path": self.path,
+        ident = {"class": type(self).__name__, "weights": weights_digest(self.path),
                  "pooling": self.pooling, "qp": self.prompts.query, "dp": self.prompts.document,
                  "max_length": self.max_length, "normalize": self.normalize, "dim": self.truncate_dim}
         # Only a non-default backend is recorded, so the fingerprints of torch encoders (and their caches) are

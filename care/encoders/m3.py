@@ -32,7 +32,7 @@ class M3Encoder(Encoder):
         self.tokenizer = model.tokenizer
 
     def identity(self, side: str) -> dict:
-        return {"class": type(self).__name__, "weights": weights_digest(self.path), "path": self.path,
+        return {"class": type(self).__name__, "weights": weights_digest(self.path),
                 "pooling": self.pooling, "qp": self.prompts.query, "dp": self.prompts.document,
                 "max_length": self.max_length}
 

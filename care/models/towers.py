@@ -121,8 +121,10 @@ class Tower(nn.Module):
         return {"dense": vec[:, : self.truncate_dim] if self.truncate_dim else vec}
 
     def identity(self) -> dict:
-        return {"weights": weights_digest(self.spec.path), **asdict(self.spec), "dim": self.dim,
-                "eos_added": self.add_eos}
+        """What changes its vectors: the weights (their digest, not where they lie: a copied or hard-linked
+        folder keeps its cache) and how texts become vectors."""
+        spec = {k: v for k, v in asdict(self.spec).items() if k not in ("path", "build_hint")}
+        return {"weights": weights_digest(self.spec.path), **spec, "dim": self.dim, "eos_added": self.add_eos}
 
     def gradient_checkpointing_enable(self) -> None:
         self.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
