@@ -10,9 +10,10 @@ task) are cut into shards of `shard_size`; process r of N encodes shards r, r+N,
 as one chunk of the embedding cache (care.encoders.cache: written atomically, named by the shard's texts,
 recording the document side's fingerprint).  A shard is encoded alone, in batches that depend on its texts
 only, so the vectors are the same whatever the number of processes, and a re-run skips every shard already
-in the cache.  evaluate.py (with the same `max_length` and `heads`), mining and dedup then read the vectors
-instead of running the document network.  On a CPU the processes talk gloo: `Accelerator(cpu=True)`,
-since a plain Accelerator() under torchrun runs each rank alone (docs/facts.md s.6b).
+in the cache whose every array matches the digest stored with it; a shard whose chunk fails that check
+(damaged vectors under intact keys, a truncated file) is reported, encoded again and its chunk rewritten.
+evaluate.py (with the same `max_length` and `heads`), mining and dedup then read the vectors instead of
+running the document network.  On a CPU the processes talk gloo: `Accelerator(cpu=True)`, since a plain Accelerator() under torchrun runs each rank alone (docs/facts.md s.6b).
 """
 from __future__ import annotations
 
@@ -126,12 +127,13 @@ def encode(cfg: DictConfig | dict, accelerator=None, on_shard=None) -> dict:
     acc.wait_for_everyone()  # every process starts together: the time below is the encoding alone
     start = time.perf_counter()
     mine = shards[rank::world]
-    done = {"rank": rank, "encoded": 0, "skipped": 0, "left": 0, "texts": 0, "encode_seconds": 0.0}
+    done = {"rank": rank, "encoded": 0, "skipped": 0, "repaired": 0, "left": 0, "texts": 0, "encode_seconds": 0.0}
     max_shards = cfg.get("max_shards")
     bar = tqdm(total=len(mine), desc=f"encode {encoder.name} documents (process 0 of {world})", unit="shard",
                disable=not main)
     for shard in mine:
-        if cache.has_chunk(shard.fingerprint, SIDE, heads, shard.texts):
+        state = cache.chunk_state(shard.fingerprint, SIDE, heads, shard.texts)  # damaged: reported, encoded again
+        if state == "ok":
             done["skipped"] += 1
         elif max_shards is not None and done["encoded"] >= int(max_shards):
             done["left"] += 1
@@ -140,6 +142,7 @@ def encode(cfg: DictConfig | dict, accelerator=None, on_shard=None) -> dict:
             cache.put_chunk(shard.fingerprint, SIDE, heads, shard.texts, documents(encoder, cfg, heads, shard.task))
             done["encode_seconds"] += time.perf_counter() - t0
             done["encoded"] += 1
+            done["repaired"] += state == "damaged"
             done["texts"] += len(shard.texts)
             if on_shard is not None:
                 on_shard(shard)
@@ -157,7 +160,8 @@ def encode(cfg: DictConfig | dict, accelerator=None, on_shard=None) -> dict:
              "texts": sum(len(t) for _, t in groups), "unique_texts": sum(len(s.texts) for s in shards),
              "sources": counts, "shard_size": int(cfg["shard_size"]), "shards": len(shards),
              "encoded": sum(p["encoded"] for p in per_process), "skipped": sum(p["skipped"] for p in per_process),
-             "left": sum(p["left"] for p in per_process), "processes": world, "encoded_texts": encoded_texts,
+             "repaired": sum(p["repaired"] for p in per_process), "left": sum(p["left"] for p in per_process),
+             "processes": world, "encoded_texts": encoded_texts,
              "seconds": round(seconds, 2),
              "texts_per_second": round(encoded_texts / seconds, 1) if encoded_texts and seconds > 0 else None,
              "per_process": per_process}
@@ -177,6 +181,8 @@ def summary(stats: dict) -> str:
                  + ", ".join(f"{p['rank']}: {p['encoded']}/{p['skipped']}" for p in stats["per_process"]))
     for fp, folder in zip(stats["fingerprints"], stats["folders"]):
         lines.append(f"  document side of {stats['model']}: fingerprint {fp} -> {folder}")
+    if stats["repaired"]:
+        lines.append(f"  {stats['repaired']:,} of the encoded shards replaced a damaged chunk (named in a warning above)")
     if stats["left"]:
         lines.append(f"  {stats['left']:,} shards not encoded yet (max_shards): run the same command again to finish")
     return "\n".join(lines)

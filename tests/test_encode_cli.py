@@ -152,9 +152,9 @@ def test_a_chunk_of_another_document_tower_is_refused(tiny_bert_dir, corpus, tmp
     with pytest.raises(ForeignChunkError, match=other_fp):  # evaluation's way in: the cache's get
         cached_vectors(cache, mine, UNIQUE[:3])
 
-    # a chunk written before chunks recorded their fingerprint (no array) is still read
+    # a chunk written before chunks recorded their fingerprint (no array, nor digests: they came later) is still read
     with np.load(victim) as z:
-        legacy = {k: z[k] for k in z.files if k != "fingerprint"}
+        legacy = {k: z[k] for k in z.files if k not in ("fingerprint", "digests")}
     with open(victim, "wb") as fh:
         np.savez(fh, **legacy)
     again = run(*args(tiny_bert_dir, corpus, cache))
@@ -193,3 +193,33 @@ def test_evaluation_afterwards_encodes_no_documents(tiny_bert_dir, tmp_path, enc
     result = evaluation(tmp_path / "cache")
     assert encoded["document"] == [] and encoded["query"]
     assert result["settings"]["embeddings_from_cache"] >= n_docs
+
+
+def test_a_damaged_shard_is_reported_re_encoded_and_repaired(tiny_bert_dir, corpus, tmp_path, encoded, caplog):
+    """A chunk whose keys read but whose vectors are damaged (bytes flipped: its zip CRC fails; or rewritten
+    consistently: only its digest tells) and a truncated one are not skipped: reported, encoded again, rewritten."""
+    from test_cache_integrity import flip_bytes, rewrite_changed
+
+    cache, clean = tmp_path / "cache", tmp_path / "clean"
+    first = run(*args(tiny_bert_dir, corpus, cache))
+    run(*args(tiny_bert_dir, corpus, clean))
+    names = sorted(chunks(cache))
+    flip_bytes(cache / names[1], "dense")
+    rewrite_changed(cache / names[2], "dense")
+    (cache / names[4]).write_bytes((cache / names[4]).read_bytes()[:200])
+
+    clear(encoded)
+    with caplog.at_level("WARNING"):
+        again = run(*args(tiny_bert_dir, corpus, cache))
+    assert (again["skipped"], again["encoded"], again["repaired"]) == (2, 3, 3)
+    for name in (names[1], names[2], names[4]):
+        assert caplog.text.count(str(cache / name)) == 1, caplog.text
+    assert "'dense' does not match its xxh3_128 digest" in caplog.text and "CRC" in caplog.text
+    assert sorted(encoded["document"]) == sorted(UNIQUE[SHARD:3 * SHARD] + UNIQUE[4 * SHARD:])
+    a, b = chunks(cache), chunks(clean)  # repaired on disk: the chunks of a clean run, array for array
+    assert a.keys() == b.keys()
+    for name in a:
+        for k in b[name]:
+            np.testing.assert_array_equal(a[name][k], b[name][k], err_msg=f"{name}: {k}")
+    np.testing.assert_array_equal(cached_vectors(cache, first, UNIQUE), cached_vectors(clean, first, UNIQUE))
+    assert run(*args(tiny_bert_dir, corpus, cache))["skipped"] == 5

@@ -8,6 +8,16 @@ candidates are a subset of another task's corpus costs nothing).  Chunks are wri
 file and renamed into place, so an interrupted run never leaves a half chunk; an unreadable chunk
 (disk trouble, another version) is reported and ignored, never trusted.
 
+Every chunk carries the xxh3_128 digest of each of its arrays (dtype, shape and raw bytes), in a `digests`
+array (JSON text) written in the same atomic write; every read checks the arrays it reads against it.  A
+chunk that cannot be parsed or whose arrays do not match their digests (keys intact, vectors damaged) is
+reported once per cache object (a warning naming the file and what failed) and ignored: its texts count as
+missing, so they are encoded again and the chunk rewritten in place (`get`, when the request holds every
+text of the chunk, and encode.py's `has_chunk`/`put_chunk`); a damaged chunk `get` cannot rewrite whole is
+renamed `<name>.npz.damaged`, out of every later lookup.  Chunks written before digests existed (no
+`digests` array) are verified once by the zip's own CRC-32 of each member when first read whole, then
+rewritten (same arrays) with their digests; one that fails the CRC is damaged as above and re-encoded.
+
 Every chunk also records the side fingerprint it was written under (a `fingerprint` array).  A chunk
 whose recorded fingerprint is not its folder's (copied or synced into the wrong folder: another document
 tower's vectors) is refused with ForeignChunkError, naming the file and both fingerprints; its vectors
@@ -21,12 +31,14 @@ numpy's .npz is the format: no library offers a content-addressed array store th
 from __future__ import annotations
 
 import hashlib
+import json
 import logging
 import zipfile
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import numpy as np
+import xxhash
 
 from care.data.io import atomic_open
 from care.encoders.base import Embeddings, Encoder
@@ -36,6 +48,8 @@ log = logging.getLogger(__name__)
 # On-disk folder name of each side ("doc", not "document": the name existing caches were written under).
 SIDE_DIRS = {"query": "query", "document": "doc"}
 FINGERPRINT = "fingerprint"  # the array in every chunk naming the side fingerprint it was written under
+DIGESTS = "digests"  # the array (JSON text) in every chunk holding {"xxh3_128": {array name: hex digest}}
+DIGEST_ALGO = "xxh3_128"
 
 
 def default_root() -> Path:
@@ -55,6 +69,39 @@ def list_hash(keys: Sequence[bytes]) -> str:
 
 class ForeignChunkError(ValueError):
     """A chunk that records another side fingerprint than its folder's: another encoder's vectors."""
+
+
+def array_digest(a: np.ndarray) -> str:
+    """xxh3_128 of an array's dtype, shape and raw bytes (~2 ms for 20,000 x 384 float32)."""
+    a = np.ascontiguousarray(a)
+    h = xxhash.xxh3_128(f"{a.dtype.str}{a.shape}".encode())
+    h.update(a)
+    return h.hexdigest()
+
+
+def _seal(arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """`arrays` plus the digests array covering every one of them."""
+    digests = {k: array_digest(v) for k, v in arrays.items() if k != DIGESTS}
+    return {**{k: v for k, v in arrays.items() if k != DIGESTS},
+            DIGESTS: np.array(json.dumps({DIGEST_ALGO: digests}, sort_keys=True))}
+
+
+def _mismatch(arrays: dict[str, np.ndarray], stored: np.ndarray, complete: bool) -> str | None:
+    """What fails when `arrays` (read from a chunk) are checked against its stored digests; None if nothing.
+    `complete`: `arrays` are all of the chunk's arrays, so each digested array must be among them."""
+    try:
+        digests = json.loads(str(stored))[DIGEST_ALGO]
+        assert isinstance(digests, dict)
+    except (ValueError, KeyError, TypeError, AssertionError) as e:
+        return f"its digests array cannot be parsed ({e!r})"
+    for name, a in arrays.items():
+        if name not in digests:
+            return f"array {name!r} has no digest"
+        if array_digest(a) != digests[name]:
+            return f"array {name!r} does not match its {DIGEST_ALGO} digest"
+    if complete and (lost := sorted(set(digests) - set(arrays))):
+        return f"arrays {lost} are digested but absent"
+    return None
 
 
 def _pack(keys: list[bytes], emb: Embeddings, fingerprint: str) -> dict[str, np.ndarray]:
@@ -101,6 +148,8 @@ class EmbeddingCache:
         self.root = Path(root) if root is not None else default_root()
         self.enabled = enabled
         self.hits = self.misses = 0  # texts served from disk / encoded, for reports and benches
+        self.damaged: list[Path] = []  # chunks found unreadable or damaged (each once), then ignored
+        self.upgrade_legacy = True  # give a chunk written before digests its digests when first read whole
 
     def folder(self, fingerprint: str, side: str, heads: Sequence[str]) -> Path:
         """Where the chunks of one encoder side and set of heads live."""
@@ -108,44 +157,90 @@ class EmbeddingCache:
             raise ValueError(f"side must be one of {tuple(SIDE_DIRS)}, got {side!r}")
         return self.root / fingerprint / f"{SIDE_DIRS[side]}-{'+'.join(heads)}"
 
-    @staticmethod
-    def _read(path: Path, fingerprint: str, names: Sequence[str] | None = None) -> dict | None:
-        """A chunk's arrays (only `names` when given), or None when the file cannot be read.  A chunk that
-        records another fingerprint than `fingerprint` (its folder's) is refused: ForeignChunkError."""
+    def _report(self, path: Path, what: str) -> None:
+        """Warn once (per cache object) that a chunk is not trusted, naming it and what failed."""
+        if path in self.damaged:
+            return
+        self.damaged.append(path)
+        log.warning("ignoring %s embedding chunk %s: %s; its texts are encoded again and the chunk rewritten",
+                    "unreadable" if what.startswith("cannot be read") else "damaged", path, what)
+
+    def _read(self, path: Path, fingerprint: str, names: Sequence[str] | None = None) -> dict | None:
+        """A chunk's arrays (only `names` when given), each checked against the chunk's digests, or None when
+        the file cannot be read or an array does not match (reported once).  A chunk that records another
+        fingerprint than `fingerprint` (its folder's) is refused: ForeignChunkError.  A chunk written before
+        digests (none stored) read whole has just passed the zip's CRC-32 of every member: it is rewritten
+        with its digests (`upgrade_legacy`)."""
         try:
             with np.load(path) as z:
-                recorded = str(z[FINGERPRINT]) if FINGERPRINT in z.files else None  # None: written before the array
-                arrays = {k: z[k] for k in (z.files if names is None else names)}
+                stored = z[DIGESTS] if DIGESTS in z.files else None  # None: written before digests
+                wanted = [k for k in (z.files if names is None else names) if k != DIGESTS]
+                arrays = {k: z[k] for k in wanted}
+                recorded = (arrays[FINGERPRINT] if FINGERPRINT in arrays
+                            else z[FINGERPRINT] if FINGERPRINT in z.files else None)  # None: written before the array
         except (OSError, ValueError, KeyError, zipfile.BadZipFile, EOFError) as e:
-            log.warning("ignoring unreadable embedding chunk %s (%s)", path, e)
+            self._report(path, f"cannot be read ({type(e).__name__}: {e})")
             return None
-        if recorded is not None and recorded != fingerprint:
+        if stored is not None:
+            checked = arrays if recorded is None or FINGERPRINT in arrays else {**arrays, FINGERPRINT: recorded}
+            if (what := _mismatch(checked, stored, complete=names is None)) is not None:
+                self._report(path, what)
+                return None
+        if recorded is not None and str(recorded) != fingerprint:
             raise ForeignChunkError(
                 f"embedding chunk {path} was written by another encoder side (fingerprint {recorded}) but lies in "
                 f"the folder of fingerprint {fingerprint}: its vectors are not this encoder's and are never used. "
-                f"Delete it (or move it to {path.parents[2] / recorded / path.parent.name}) and rerun.")
+                f"Delete it (or move it to {path.parents[2] / str(recorded) / path.parent.name}) and rerun.")
+        if stored is None and names is None and self.upgrade_legacy:
+            try:
+                with atomic_open(path, "wb") as fh:
+                    np.savez(fh, **_seal(arrays))
+                log.info("embedding chunk %s (written before digests) passed its CRC-32 check: digests added", path)
+            except OSError as e:  # a read-only cache stays readable, without digests
+                log.info("could not add digests to embedding chunk %s (%s)", path, e)
         return arrays
 
     def _write(self, path: Path, keys: list[bytes], emb: Embeddings, fingerprint: str, n_texts: int) -> dict:
         if len(emb) != n_texts:
             raise RuntimeError(f"encoder returned {len(emb)} embeddings for {n_texts} texts")
-        arrays = _pack(keys, emb, fingerprint)
+        arrays = _seal(_pack(keys, emb, fingerprint))
         with atomic_open(path, "wb") as fh:
             np.savez(fh, **arrays)
+        if path in self.damaged:  # rewritten: a later damage is reported again
+            self.damaged.remove(path)
         return arrays
 
-    def _locate(self, folder: Path, whole: Path, fingerprint: str) -> dict[bytes, tuple[Path, int]]:
+    def _locate(self, folder: Path, whole: Path, fingerprint: str, skip: frozenset[Path] | set[Path] = frozenset()
+                ) -> dict[bytes, tuple[Path, int]]:
         """Where each cached text lives: one read when a chunk holds exactly the requested list, else the
-        keys of every readable chunk of this encoder and side."""
-        if whole.exists() and (index := self._read(whole, fingerprint, ["keys"])) is not None:
+        keys of every readable chunk of this encoder and side (but the chunks in `skip`: found damaged)."""
+        if whole not in skip and whole.exists() and (index := self._read(whole, fingerprint, ["keys"])) is not None:
             return {bytes(k): (whole, row) for row, k in enumerate(index["keys"])}
         where: dict[bytes, tuple[Path, int]] = {}
-        for path in sorted(p for p in folder.glob("*.npz") if p != whole):
+        for path in sorted(p for p in folder.glob("*.npz") if p != whole and p not in skip):
             index = self._read(path, fingerprint, ["keys"])
             # "V16", not "S16": numpy strips trailing NUL bytes from S keys, losing ~1 key in 256.
             for row, k in enumerate([bytes(k) for k in index["keys"]] if index is not None else []):
                 where.setdefault(k, (path, row))
         return where
+
+    def _keys_of(self, path: Path) -> list[bytes] | None:
+        """The keys of a damaged chunk, when they can be read and are those its name stands for (a chunk is
+        named by the hash of its keys), else None: which texts rewriting it in place needs."""
+        try:
+            with np.load(path) as z:
+                keys = [bytes(k) for k in z["keys"]]
+        except (OSError, ValueError, KeyError, zipfile.BadZipFile, EOFError):
+            return None
+        return keys if keys and list_hash(keys) == path.stem else None
+
+    def _quarantine(self, path: Path) -> None:
+        """Move a damaged chunk out of every later lookup (kept beside, as `<name>.npz.damaged`)."""
+        try:
+            path.replace(path.with_name(path.name + ".damaged"))
+            log.warning("moved damaged embedding chunk %s to %s.damaged", path, path.name)
+        except OSError as e:
+            log.warning("could not move damaged embedding chunk %s aside (%s)", path, e)
 
     # ---- one text list = one chunk (encode.py's shards) ---------------------------------------------------
 
@@ -154,13 +249,23 @@ class EmbeddingCache:
         unique = list(dict.fromkeys(text_key(t) for t in texts))
         return self.folder(fingerprint, side, tuple(heads)) / f"{list_hash(unique)}.npz"
 
-    def has_chunk(self, fingerprint: str, side: str, heads: Sequence[str], texts: Sequence[str]) -> bool:
-        """Whether `texts` are stored, whole, as one readable chunk (ForeignChunkError when another
-        encoder's chunk sits under that name)."""
+    def chunk_state(self, fingerprint: str, side: str, heads: Sequence[str], texts: Sequence[str]) -> str:
+        """"ok" when `texts` are stored, whole, as one chunk whose every array matches its digest; "missing"
+        when no such file exists; "damaged" when it exists but cannot be trusted (reported once; `put_chunk`
+        rewrites it).  ForeignChunkError when another encoder's chunk sits under that name."""
         path = self.chunk_path(fingerprint, side, heads, texts)
-        if not path.exists() or (index := self._read(path, fingerprint, ["keys"])) is None:
-            return False
-        return [bytes(k) for k in index["keys"]] == list(dict.fromkeys(text_key(t) for t in texts))
+        if not path.exists():
+            return "missing"
+        if (arrays := self._read(path, fingerprint)) is None:
+            return "damaged"
+        if [bytes(k) for k in arrays["keys"]] != list(dict.fromkeys(text_key(t) for t in texts)):
+            self._report(path, "its keys are not those of the texts its name stands for")
+            return "damaged"
+        return "ok"
+
+    def has_chunk(self, fingerprint: str, side: str, heads: Sequence[str], texts: Sequence[str]) -> bool:
+        """Whether `texts` are stored, whole, as one chunk that passes its digests (see chunk_state)."""
+        return self.chunk_state(fingerprint, side, heads, texts) == "ok"
 
     def put_chunk(self, fingerprint: str, side: str, heads: Sequence[str], texts: Sequence[str],
                   encode: Callable[[list[str]], Embeddings]) -> Path:
@@ -218,32 +323,60 @@ class EmbeddingCache:
         unique = list(dict.fromkeys(keys))
         folder = self.folder(fingerprint, side, heads)
 
-        where = self._locate(folder, folder / f"{list_hash(unique)}.npz", fingerprint)
-        chunks: dict[Path, dict] = {}
-        missing = [k for k in unique if k not in where]
-        if missing:
-            first = {k: i for i, k in reversed(list(enumerate(keys)))}
-            new_texts = [texts[first[k]] for k in missing]
-            path = folder / f"{list_hash(missing)}.npz"
-            chunks[path] = self._write(path, missing, encode(new_texts), fingerprint, len(new_texts))
-            where.update({k: (path, row) for row, k in enumerate(missing)})
-        self.misses += len(missing)
-        self.hits += len(unique) - len(missing)
+        whole = folder / f"{list_hash(unique)}.npz"
+        first: dict[bytes, int] = {}
+        # Each round locates every text, encodes the missing ones, then reads (and checks) the chunks serving
+        # the rest; a chunk failing its check is left out and the round run again, so its texts are encoded
+        # (in place when the request holds all of its texts, else it is moved aside).
+        bad: set[Path] = set()
+        handled: set[Path] = set()
+        n_encoded = 0
+        while True:
+            where = self._locate(folder, whole, fingerprint, bad)
+            missing = [k for k in unique if k not in where]
+            fresh: dict[Path, dict] = {}
+            todo = set(missing)
+            groups = []  # (path, keys)
+            for path in sorted(bad - handled):
+                old = self._keys_of(path)
+                if old and set(old) <= todo:
+                    groups.append((path, old))
+                    todo -= set(old)
+            if rest := [k for k in missing if k in todo]:
+                groups.append((folder / f"{list_hash(rest)}.npz", rest))
+            if groups and not first:
+                first = {k: i for i, k in reversed(list(enumerate(keys)))}
+            for path, group in groups:
+                new_texts = [texts[first[k]] for k in group]
+                fresh[path] = self._write(path, group, encode(new_texts), fingerprint, len(new_texts))
+                where.update({k: (path, row) for row, k in enumerate(group)})
+            for path in bad - handled - set(fresh):
+                self._quarantine(path)
+            handled |= bad
+            bad -= set(fresh)  # rewritten in place: sound again
+            n_encoded += len(missing)
+            self.misses += len(missing)
 
-        # Read rows chunk by chunk (one fancy index per chunk), then put them in the requested order.
-        rows_of: dict[Path, tuple[list[int], list[int]]] = {}
-        for pos, k in enumerate(unique):
-            path, row = where[k]
-            rows_of.setdefault(path, ([], []))
-            rows_of[path][0].append(row)
-            rows_of[path][1].append(pos)
-        parts, order = [], []
-        for path, (rows, positions) in rows_of.items():
-            arrays = chunks.get(path) or self._read(path, fingerprint)
-            if arrays is None:
-                raise RuntimeError(f"embedding chunk {path} became unreadable during the run; delete it and rerun")
-            parts.append(_unpack(arrays, np.array(rows, dtype=np.int64)))
-            order.extend(positions)
+            # Read rows chunk by chunk (one fancy index per chunk), then put them in the requested order.
+            rows_of: dict[Path, tuple[list[int], list[int]]] = {}
+            for pos, k in enumerate(unique):
+                path, row = where[k]
+                rows_of.setdefault(path, ([], []))
+                rows_of[path][0].append(row)
+                rows_of[path][1].append(pos)
+            parts, order = [], []
+            for path, (rows, positions) in rows_of.items():
+                arrays = fresh.get(path) or self._read(path, fingerprint)
+                if arrays is None:
+                    if path in handled:  # rewritten by this call, yet failing again: the disk, not the chunk
+                        raise RuntimeError(f"embedding chunk {path} failed its check again after being rewritten")
+                    bad.add(path)
+                    break
+                parts.append(_unpack(arrays, np.array(rows, dtype=np.int64)))
+                order.extend(positions)
+            else:
+                break
+        self.hits += len(unique) - n_encoded
         merged = _concat(parts)
         # merged row j holds unique text order[j]; request row i wants unique text position[keys[i]].
         where_in_merged = {unique[p]: j for j, p in enumerate(order)}
