@@ -27,10 +27,11 @@ from omegaconf import DictConfig, OmegaConf
 from tqdm.auto import tqdm
 
 import care  # noqa: F401  (registers the ${paths:...} resolver)
-from care.config import CONF_DIR, run_reporting_bad_input
+from care.config import CONF_DIR
 from care.data.io import read_text_store
 from care.encoders import Encoder, build_encoder
 from care.encoders.cache import EmbeddingCache
+from care.errors import app_errors
 from care.evaluation import corpora
 from data_pipeline import benchmarks as builders
 
@@ -190,7 +191,8 @@ def summary(stats: dict) -> str:
 
 @hydra.main(config_path=str(CONF_DIR), config_name="encode", version_base="1.3")
 def main(cfg: DictConfig) -> None:
-    run_reporting_bad_input(encode, cfg)
+    with app_errors("encode.py", cfg, writes_to=cfg.get("cache", {}).get("dir")):
+        encode(cfg)
 
 
 if __name__ == "__main__":

@@ -26,11 +26,12 @@ import hydra
 from omegaconf import DictConfig, OmegaConf
 
 import care  # noqa: F401  (registers the ${paths:...} resolver)
-from care.config import CONF_DIR, run_reporting_bad_input
+from care.config import CONF_DIR
 from care.data.io import write_json
 from care.encoders import build_encoder, detect
 from care.encoders.cache import EmbeddingCache
 from care.encoders.registry import CHECKPOINT_MODEL, TRAINING_RECORD
+from care.errors import app_errors
 from care.evaluation import corpora, efficiency
 from care.evaluation.benchmarks import averages, run_task
 from care.evaluation.corpora import evaluation_model
@@ -102,6 +103,42 @@ def model_entries(cfg: dict) -> list[dict]:
         entries.append({"name": name, "label": f"{model.get('label', name)} [zero-shot baseline]", "model": model,
                         "baseline": True})
     return entries
+
+
+def check_model_folders(entries: list[dict]) -> None:
+    """A model row whose path is a local folder that does not exist fails here, before any benchmark is
+    loaded.  `make model` (the model config's build_hint) is advised only for the folder that config builds;
+    a folder of the user's own (model.path=...) is said not to exist, and its row loses the hint."""
+    for entry in entries:
+        model = entry.get("model") or {}
+        path = model.get("path")
+        if not path or model.get("kind") == "care":
+            continue
+        own = _configured_path(model.get("name"))
+        if own is None or _same_path(path, own):
+            hint = model.get("build_hint", "")
+        else:
+            hint = ""
+            model.pop("build_hint", None)
+        folder = Path(os.path.expanduser(str(path)))
+        looks_local = folder.is_absolute() or str(path).startswith((".", "~"))
+        if looks_local and not folder.exists():
+            raise FileNotFoundError(f"model {entry['name']}: the model folder {folder} does not exist"
+                                    + (f". {hint}" if hint else ""))
+
+
+def _configured_path(name: str | None) -> str | None:
+    """The model path conf/model/<name>.yaml gives (None for a model without its own config file)."""
+    if not name or not (CONF_DIR / "model" / f"{name}.yaml").is_file():
+        return None
+    try:
+        return _model_file(name).get("path")
+    except Exception:  # noqa: BLE001 (an unresolvable file: no path to compare with)
+        return None
+
+
+def _same_path(a: str, b: str | None) -> bool:
+    return b is not None and Path(os.path.expanduser(str(a))).resolve() == Path(os.path.expanduser(str(b))).resolve()
 
 
 def _identity(model: dict) -> tuple:
@@ -192,6 +229,7 @@ def evaluate(cfg: DictConfig | dict) -> dict:
     run = out.name
     start = time.perf_counter()
     entries = model_entries(cfg)
+    check_model_folders(entries)  # before the benchmarks are read (minutes): a wrong model.path fails at once
     loaded = load_benchmarks(cfg)
     cache = EmbeddingCache(cfg["cache"]["dir"], enabled=cfg["cache"]["enabled"])
     timing_texts = efficiency_texts(loaded, cfg)
@@ -246,7 +284,8 @@ def refresh_cards(entries: list[dict], rows: list[dict], summary_path: Path) -> 
 
 @hydra.main(config_path=str(CONF_DIR), config_name="evaluate", version_base="1.3")
 def main(cfg: DictConfig) -> None:
-    run_reporting_bad_input(locked_out_dir(evaluate), cfg)
+    with app_errors("evaluate.py", cfg, writes_to=cfg.get("out_dir")):
+        locked_out_dir(evaluate)(cfg)
 
 
 if __name__ == "__main__":

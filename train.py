@@ -14,7 +14,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import sys
 from pathlib import Path
 
 import hydra
@@ -22,6 +21,7 @@ from omegaconf import DictConfig
 
 import care  # noqa: F401  (registers the ${paths:...} resolver)
 from care.config import CONF_DIR
+from care.errors import app_errors
 
 
 def validation_metric(summary: dict) -> float:
@@ -67,29 +67,24 @@ def main(cfg: DictConfig) -> float:
     # after Hydra parsed the command line: `--help` stays fast
     from care.training.trainer import AlreadyFinished, ResumeError, Trainer
 
-    if cfg.model.get("kind") == "care":  # two towers, two stages (care.training.care_recipe)
-        from care.training.care_recipe import run_care
+    # bad input (DataError is a ValueError), a full disk, a corrupt file, another run's folder: one line
+    with app_errors("train.py", cfg, writes_to=cfg.get("output_dir"), extra=(ResumeError,)):
+        if cfg.model.get("kind") == "care":  # two towers, two stages (care.training.care_recipe)
+            from care.training.care_recipe import run_care
 
-        try:
             summary = run_care(cfg)
-        except (ResumeError, ValueError, FileNotFoundError) as e:
-            print(f"error: {e}", file=sys.stderr)
-            sys.exit(1)
-        if os.environ.get("RANK", "0") == "0":  # under torchrun: once, not once per process
-            print(json.dumps(summary, indent=2, ensure_ascii=False, default=str))
+            if os.environ.get("RANK", "0") == "0":  # under torchrun: once, not once per process
+                print(json.dumps(summary, indent=2, ensure_ascii=False, default=str))
+            return validation_metric(summary)
+        try:
+            trainer = Trainer(cfg)
+        except AlreadyFinished as done:  # the same config, trained before: a re-run (make run) skips it
+            print(done)
+            return validation_metric(done.summary)
+        summary = trainer.fit()
+        if trainer.accelerator.is_main_process:
+            print(json.dumps(summary, indent=2, ensure_ascii=False))
         return validation_metric(summary)
-    try:
-        trainer = Trainer(cfg)
-    except AlreadyFinished as done:  # the same config, trained before: a re-run (make run) skips it
-        print(done)
-        return validation_metric(done.summary)
-    except (ResumeError, ValueError, FileNotFoundError) as e:  # bad input (DataError is a ValueError): named
-        print(f"error: {e}", file=sys.stderr)
-        sys.exit(1)
-    summary = trainer.fit()
-    if trainer.accelerator.is_main_process:
-        print(json.dumps(summary, indent=2, ensure_ascii=False))
-    return validation_metric(summary)
 
 
 if __name__ == "__main__":

@@ -15,7 +15,9 @@ from omegaconf import DictConfig
 
 import care  # noqa: F401  (registers the ${paths:...} resolver)
 from care.config import CONF_DIR
-from care.data.io import DataError
+from care.errors import app_errors
+
+APP = "python -m data_pipeline"
 
 STAGES = {
     "import": "data_pipeline.import_stage",      # raw sources -> texts / pairs / candidates
@@ -33,16 +35,15 @@ def main(cfg: DictConfig) -> None:
     names = ORDER if cfg.stage == "all" else [cfg.stage]
     unknown = [n for n in names if n not in STAGES]
     if unknown:
-        raise SystemExit(f"unknown stage '{unknown[0]}' (choose one of {', '.join(ORDER)} or all)")
+        print(f"{APP}: error: unknown stage '{unknown[0]}' (choose one of {', '.join(ORDER)} or all)", file=sys.stderr)
+        sys.exit(1)
     rows = []
     for name in names:
         start = time.perf_counter()
-        try:
+        # bad input (the message names file and item), a full disk, a corrupt file, Ctrl-C: one line
+        with app_errors(APP, cfg, writes_to=cfg.get("out_root"), where=f"in stage {name}"):
             stage = importlib.import_module(STAGES[name])
             stats = stage.run(cfg)
-        except (DataError, FileNotFoundError, ValueError) as e:  # bad input: the message names file and item
-            print(f"error in stage {name}: {e}", file=sys.stderr)
-            sys.exit(1)
         rows.append((name, time.perf_counter() - start, stage.summary(stats or {})))
     if len(rows) > 1:  # the whole pipeline: one table of what each stage gave (a skipped stage takes ~0 s)
         print(f"\n{'stage':<11} {'seconds':>8}  result")

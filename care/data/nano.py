@@ -133,14 +133,25 @@ def read_rows(folder: str | Path, config: str, split: str, columns: list[str] | 
     paths = (files or config_files(folder)).get(config, {}).get(split)
     if not paths:
         raise FileNotFoundError(f"{folder}: config {config!r} has no file for split {split!r}")
+    import pyarrow as pa
+
     rows = []
     for f in paths:
-        table = pq.read_table(f)
+        try:
+            table = pq.read_table(f)
+        except (FileNotFoundError, PermissionError):
+            raise
+        except (pa.ArrowException, OSError, ValueError) as e:  # a corrupt (or not a) parquet file: name it
+            problem = " ".join(str(e).split()) or type(e).__name__
+            raise DataError(f, None, None, f"not a readable parquet file ({type(e).__name__}: {problem})") from None
         absent = [c for c in columns or () if c not in table.column_names]
         if absent:
             raise DataError(f, None, absent[0], f"config {config!r} lacks column(s) {absent} "
                             f"(it has {table.column_names})")
-        rows += (table.select(columns) if columns else table).to_pylist()
+        try:
+            rows += (table.select(columns) if columns else table).to_pylist()
+        except (pa.ArrowException, OSError, ValueError) as e:  # a page that does not decode
+            raise DataError(f, None, None, f"not a readable parquet file ({type(e).__name__}: {e})") from None
     return rows
 
 

@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import json
 import re
-import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -24,8 +23,9 @@ from pathlib import Path
 import numpy as np
 
 from care.config import recipe, recipe_group
-from care.data.io import atomic_open, save_figure, write_json
+from care.data.io import DataError, atomic_open, save_figure, write_json
 from care.encoders.registry import TRAINING_RECORD
+from care.errors import app_errors
 from care.evaluation.significance import cell_items, gain_interval
 from care.paths import outputs_dir
 
@@ -49,7 +49,17 @@ def _training_config(row: dict) -> dict | None:
     record = Path(path) / TRAINING_RECORD if path else None
     if record is None or not record.is_file():
         return None
-    return json.loads(record.read_text(encoding="utf-8")).get("config")
+    return read_json(record).get("config")
+
+
+def read_json(path: Path):
+    """A JSON file of a run; broken JSON is a DataError naming the file and the line."""
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as e:
+        raise DataError(path, e.lineno, None, f"not valid JSON ({e.msg}, column {e.colno})") from None
+    except UnicodeDecodeError as e:
+        raise DataError(path, None, None, f"not UTF-8 text ({e.reason})") from None
 
 
 def load_rows(runs: Sequence[str | Path]) -> list[dict]:
@@ -59,13 +69,17 @@ def load_rows(runs: Sequence[str | Path]) -> list[dict]:
         summary = Path(run) / "summary.json"
         if not summary.is_file():
             raise FileNotFoundError(f"{run} is not an evaluation run folder (no summary.json)")
-        s = json.loads(summary.read_text(encoding="utf-8"))
-        for m in s["models"]:
-            config = _training_config(m)
-            rows.append({"run": str(run), "name": m["name"], "label": m["label"], "scores": m["scores"],
-                         "config": config, "seed": config.get("seed") if config else None,
-                         "group": recipe_group(config) if config else f"model:{m['name']}",
-                         "columns": s["columns"]})
+        s = read_json(summary)
+        try:
+            for m in s["models"]:
+                config = _training_config(m)
+                rows.append({"run": str(run), "name": m["name"], "label": m["label"], "scores": m["scores"],
+                             "config": config, "seed": config.get("seed") if config else None,
+                             "group": recipe_group(config) if config else f"model:{m['name']}",
+                             "columns": s["columns"]})
+        except (KeyError, TypeError, AttributeError) as e:
+            raise DataError(summary, None, str(e).strip("'") if isinstance(e, KeyError) else None,
+                            f"not an evaluate.py summary ({type(e).__name__}: {e})") from None
     if not rows:
         raise ValueError("no model rows in the given runs")
     return rows
@@ -104,7 +118,7 @@ def pooled_items(group: dict, column: str) -> dict | None:
         path = Path(r["run"]) / _slug(r["name"]) / bench / f"{task}.json"
         if task == "avg" or not path.is_file():
             return None
-        record = json.loads(path.read_text(encoding="utf-8"))
+        record = read_json(path)
         records.append(cell_items(record.get("items"), metric[0] if metric else record["primary"]))
     if not records or any(x is None for x in records):
         return None
@@ -202,18 +216,15 @@ def main(argv: Sequence[str] | None = None) -> None:
     ap.add_argument("--b", help="the reference group")
     ap.add_argument("--out", help="where compare.md / .json / .png go (default outputs/compare/<time>)")
     args = ap.parse_args(argv)
-    try:
-        result = compare(args.runs, args.a, args.b)
-    except (FileNotFoundError, ValueError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        sys.exit(1)
     out = Path(args.out) if args.out else outputs_dir() / "compare" / time.strftime("%Y-%m-%d_%H-%M-%S")
-    text = markdown(result)
-    write_json(out / "compare.json", result)
-    with atomic_open(out / "compare.md") as fh:
-        fh.write(text)
-    plot(result, out / "compare.png")
-    print(text + f"\nwritten to {out}")
+    with app_errors("python -m care.evaluation.compare", writes_to=out, resumes=False):
+        result = compare(args.runs, args.a, args.b)
+        text = markdown(result)
+        write_json(out / "compare.json", result)
+        with atomic_open(out / "compare.md") as fh:
+            fh.write(text)
+        plot(result, out / "compare.png")
+        print(text + f"\nwritten to {out}")
 
 
 if __name__ == "__main__":

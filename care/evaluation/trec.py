@@ -17,6 +17,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from care.data.io import DataError, text_lines
+from care.errors import app_errors
 from care.evaluation.metrics import DEFAULT_METRICS, average, evaluate_per_query, parse_metric
 
 
@@ -94,12 +95,12 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as e:
         parser.error(str(e))
     try:
-        run, qrels = read_trec_run(args.run), read_trec_qrels(args.qrels)
-        per_query = evaluate_per_query(run, qrels, metrics, relevance_level=args.relevance_level,
-                                       complete=not args.skip_missing)
-    except (DataError, FileNotFoundError, ValueError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 1
+        with app_errors("python -m care.evaluation.trec", resumes=False):
+            run, qrels = read_trec_run(args.run), read_trec_qrels(args.qrels)
+            per_query = evaluate_per_query(run, qrels, metrics, relevance_level=args.relevance_level,
+                                           complete=not args.skip_missing)
+    except SystemExit as e:  # the one-line error is said; main returns its status
+        return e.code if isinstance(e.code, int) else 1
     print(json.dumps({"num_q": len(per_query), **average(per_query, metrics)}))
     return 0
 

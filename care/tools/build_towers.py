@@ -36,6 +36,7 @@ from pathlib import Path
 from filelock import FileLock
 
 from care.data.io import atomic_folder, file_digest, write_json
+from care.errors import app_errors
 from care.export.st_folder import declared_pooling, write_st_files
 
 #: bump when a builder's output changes for the same sources and options (invalidates built folders)
@@ -315,13 +316,11 @@ def main(argv: list[str] | None = None) -> None:
     for p in (tiny, cut):
         p.add_argument("--force", action="store_true", help="rebuild even when OUT is up to date")
     a = ap.parse_args(argv)
-    try:
+    with app_errors(f"build_towers {a.tool}", writes_to=a.out, extra=(FileExistsError,), status=2):
         if a.tool == "tiny":
             build_tiny(a.out, seed=a.seed, force=a.force)
         else:
             build_cut(a.source, a.out, layers=a.layers, force=a.force)
-    except (ValueError, FileNotFoundError, FileExistsError) as e:
-        ap.exit(2, f"build_towers {a.tool}: error: {e}\n")
 
 
 if __name__ == "__main__":

@@ -1,14 +1,12 @@
-"""python -m care.evaluation.mteb_adapter ...: the command line (cli.main), bad input said in one line."""
+"""python -m care.evaluation.mteb_adapter ...: the command line (cli.main), errors said in one line
+(care.errors.app_errors)."""
 import sys
 
 from care.evaluation.mteb_adapter.cli import main
 
 if __name__ == "__main__":
     import care  # noqa: F401  (registers the config resolvers)
-    from care.config import BAD_INPUT
+    from care.errors import app_errors
 
-    try:
+    with app_errors("python -m care.evaluation.mteb_adapter"):
         main(sys.argv[1:])
-    except BAD_INPUT as e:
-        print(f"error: {e}", file=sys.stderr)
-        sys.exit(1)
