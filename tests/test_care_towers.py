@@ -187,5 +187,5 @@ def test_remote_code_without_trust_remote_code_is_a_clear_error(towers, tmp_path
     config.update(model_type="new", architectures=["NewModel"],
                   auto_map={"AutoConfig": "configuration.NewConfig", "AutoModel": "modeling.NewModel"})
     (folder / "config.json").write_text(json.dumps(config))
-    with pytest.raises(ValueError, match=r"remote needs its own modelling code: set model.query.trust_remote_code=true"):
+    with pytest.raises(ValueError, match=r"remote needs its own modelling code: pass \+\+model.query.trust_remote_code=true"):
         care_towers({"path": str(folder)}, {"path": str(towers / "seed0" / "document"), **DOCUMENT})
