@@ -5,14 +5,11 @@ from __future__ import annotations
 import copy
 import hashlib
 import json
-import sys
-from collections.abc import Callable, Sequence
-from pathlib import Path
+from collections.abc import Sequence
 
 from hydra import compose, initialize_config_dir
 from omegaconf import DictConfig
 
-from care import errors as _errors
 from care.paths import PROJECT_ROOT
 
 CONF_DIR = PROJECT_ROOT / "conf"
@@ -22,17 +19,6 @@ def load_config(config_name: str, overrides: Sequence[str] = ()) -> DictConfig:
     """Compose `conf/<config_name>.yaml` with Hydra overrides, exactly as the CLI would."""
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
         return compose(config_name=config_name, overrides=list(overrides))
-
-
-# What a user's input can get wrong, and the one way an app reports it: care.errors (kept here for callers).
-BAD_INPUT = _errors.BAD_INPUT
-
-
-def run_reporting_bad_input(run: Callable[[DictConfig], object], cfg: DictConfig, app: str | None = None, **kwargs):
-    """`run(cfg)` for an app's Hydra main, inside care.errors.app_errors: bad input, a full disk, a corrupt
-    file end the app with one line and exit status 1, Ctrl-C with one line and 130; no traceback (unless
-    HYDRA_FULL_ERROR=1 or debug)."""
-    return _errors.run_app(app or Path(sys.argv[0]).name or "care", run, cfg, **kwargs)
 
 
 # Settings of a training config that do not change the trained weights (where a run writes, how it logs

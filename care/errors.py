@@ -151,9 +151,3 @@ def app_errors(app: str, cfg: Mapping | None = None, *, writes_to: str | Path | 
             raise
         print(f"{app}: error{' ' + where if where else ''}: {message}", file=sys.stderr, flush=True)
         sys.exit(status)
-
-
-def run_app(app: str, run, cfg, **kwargs):
-    """`run(cfg)` inside app_errors(app, cfg, **kwargs)."""
-    with app_errors(app, cfg, **kwargs):
-        return run(cfg)
