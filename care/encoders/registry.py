@@ -9,11 +9,11 @@ own, an M3 checkpoint has the head files, any other Hugging Face folder is built
 """
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
+from care.data.io import read_json
 from care.encoders.base import Encoder
 from care.encoders.prompts import Prompts
 from care.models.m3 import HEAD_FILES
@@ -82,7 +82,7 @@ def ensure_towers(c: dict) -> None:
 
 def read_record(folder: str | Path) -> dict:
     """The training record (care_training.json) of a model folder the trainer wrote."""
-    return json.loads((Path(folder) / TRAINING_RECORD).read_text(encoding="utf-8"))
+    return read_json(Path(folder) / TRAINING_RECORD)
 
 
 def record_model_config(folder: str | Path) -> dict:

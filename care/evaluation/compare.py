@@ -23,7 +23,7 @@ from pathlib import Path
 import numpy as np
 
 from care.config import recipe, recipe_group
-from care.data.io import DataError, atomic_open, save_figure, write_json
+from care.data.io import DataError, atomic_open, read_json, save_figure, write_json
 from care.encoders.registry import TRAINING_RECORD
 from care.errors import app_errors
 from care.evaluation.significance import cell_items, gain_interval
@@ -50,16 +50,6 @@ def _training_config(row: dict) -> dict | None:
     if record is None or not record.is_file():
         return None
     return read_json(record).get("config")
-
-
-def read_json(path: Path):
-    """A JSON file of a run; broken JSON is a DataError naming the file and the line."""
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as e:
-        raise DataError(path, e.lineno, None, f"not valid JSON ({e.msg}, column {e.colno})") from None
-    except UnicodeDecodeError as e:
-        raise DataError(path, None, None, f"not UTF-8 text ({e.reason})") from None
 
 
 def load_rows(runs: Sequence[str | Path]) -> list[dict]:

@@ -35,7 +35,6 @@ from pathlib import Path
 
 import numpy as np
 import torch
-import xxhash
 from accelerate.utils import broadcast_object_list, gather_object
 from omegaconf import DictConfig, OmegaConf
 
@@ -80,17 +79,9 @@ def config_hash(cfg: DictConfig) -> str:
 
 
 # ---- the manifest: every file's size and digest --------------------------------------------------------
-def digest(path: Path, algorithm: str = DIGEST) -> str:
-    h = xxhash.xxh3_128() if algorithm == "xxh3_128" else hashlib.new(algorithm)
-    with open(path, "rb") as fh:
-        for block in iter(lambda: fh.read(8 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
-
-
 def write_manifest(folder: Path) -> Path:
     """manifest.json of every file under `folder` (sub-folders too), by relative POSIX path."""
-    files = {p.relative_to(folder).as_posix(): {"size": p.stat().st_size, DIGEST: digest(p)}
+    files = {p.relative_to(folder).as_posix(): {"size": p.stat().st_size, DIGEST: file_digest(p, DIGEST, chars=None)}
              for p in sorted(folder.rglob("*")) if p.is_file() and p.relative_to(folder).as_posix() != MANIFEST}
     path = folder / MANIFEST
     path.write_text(json.dumps({"format": 1, "algorithm": DIGEST, "files": files}, indent=1), encoding="utf-8")
@@ -119,7 +110,7 @@ def verify_checkpoint(folder: Path) -> bool:
             raise CheckpointInvalid(f"checkpoint {folder}: {name} has {file.stat().st_size} bytes, the manifest "
                                     f"says {want['size']} (truncated or overwritten)")
     for name, want in files.items():
-        if digest(folder / name, algorithm) != want[algorithm]:
+        if file_digest(folder / name, algorithm, chars=None) != want[algorithm]:
             raise CheckpointInvalid(f"checkpoint {folder}: {name} does not match its {algorithm} digest in "
                                     f"{MANIFEST} (corrupted)")
     return True
