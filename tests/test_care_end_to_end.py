@@ -65,6 +65,8 @@ def test_train_cli_runs_stage1_then_stage2(trained, root):
     stage2 = record["config"]
     assert stage2["model"]["query"]["path"] == "query"  # provenance only, named without its local path
     assert str(root) not in json.dumps(record)  # no local path in a record
+    # the start towers, named when stage I trained from them (stage II's query tower starts from stage I's)
+    assert record["base_models"] == ["care-tiny/query", "care-tiny/document"]
     assert (stage2["trainer"]["group_size"], stage2["loss"]["temperature"]) == (4, 0.02)
 
 

@@ -204,6 +204,9 @@ def _base_of(c: dict, depth: int = 0) -> str:
         record, part = training_record(folder), None
         if record is None and folder.name in ("query", "document"):
             record, part = training_record(folder.parent), folder.name
+        if record is not None and record.get("base_models"):  # named when it trained, from its real paths
+            names = record["base_models"]
+            return names[-1] if part == "document" else names[0]
         start = ((record or {}).get("config") or {}).get("model") or {}
         if part:
             start = start.get(part) or {}
@@ -211,7 +214,9 @@ def _base_of(c: dict, depth: int = 0) -> str:
             start = {}  # a whole CARE model as a one-backbone start: name the folder itself
         if start and Path(str(start.get("path", ""))).expanduser().resolve() != folder.resolve():
             return _base_of(start, depth + 1)
-    return folder.name or path
+    # a tower of a two-tower folder (care.tools.build_towers writes OUT/query, OUT/document): name it with its
+    # parent, "care-tiny/query", not just its role
+    return f"{folder.parent.name}/{folder.name}" if folder.name in ("query", "document") else folder.name or path
 
 
 def base_models(model_cfg: dict) -> list[str]:
