@@ -26,7 +26,7 @@ import hydra
 from omegaconf import DictConfig, OmegaConf
 
 import care  # noqa: F401  (registers the ${paths:...} resolver)
-from care.config import CONF_DIR
+from care.config import CONF_DIR, model_config
 from care.data.io import write_json
 from care.encoders import build_encoder, detect
 from care.encoders.cache import EmbeddingCache
@@ -75,12 +75,13 @@ def checkpoint_models(ckpt: str, model_cfg: dict, checkpoints: str = "best_final
     return found
 
 
-def _model_file(name: str) -> dict:
+def _model_file(name: str, cfg: dict) -> dict:
+    """A baseline's model config, composed as `model=<name>` would be, under this run's roots."""
     path = CONF_DIR / "model" / f"{name}.yaml"
     if not path.is_file():
         known = ", ".join(sorted(p.stem for p in path.parent.glob("*.yaml")))
         raise FileNotFoundError(f"baseline {name!r}: no conf/model/{name}.yaml (known: bm25, {known})")
-    return OmegaConf.to_container(OmegaConf.load(path), resolve=True)
+    return model_config(name, cfg)
 
 
 def model_entries(cfg: dict) -> list[dict]:
@@ -95,7 +96,7 @@ def model_entries(cfg: dict) -> list[dict]:
         if name == "bm25":
             entries.append({"name": "bm25", "label": "BM25 (bm25s + jieba)", "bm25": True, "baseline": True})
             continue
-        model = _model_file(name)
+        model = _model_file(name, cfg)
         twin = next((e for e in entries if "model" in e and _identity(e["model"]) == _identity(model)), None)
         if twin is not None:  # the model under test is this baseline: one row, labelled as both
             twin["label"] += " [zero-shot baseline]"
@@ -105,7 +106,7 @@ def model_entries(cfg: dict) -> list[dict]:
     return entries
 
 
-def check_model_folders(entries: list[dict]) -> None:
+def check_model_folders(entries: list[dict], cfg: dict) -> None:
     """A model row whose path is a local folder that does not exist fails here, before any benchmark is
     loaded.  `make model` (the model config's build_hint) is advised only for the folder that config builds;
     a folder of the user's own (model.path=...) is said not to exist, and its row loses the hint."""
@@ -114,7 +115,7 @@ def check_model_folders(entries: list[dict]) -> None:
         path = model.get("path")
         if not path or model.get("kind") == "care":
             continue
-        own = _configured_path(model.get("name"))
+        own = _configured_path(model.get("name"), cfg)
         if own is None or _same_path(path, own):
             hint = model.get("build_hint", "")
         else:
@@ -127,12 +128,12 @@ def check_model_folders(entries: list[dict]) -> None:
                                     + (f". {hint}" if hint else ""))
 
 
-def _configured_path(name: str | None) -> str | None:
+def _configured_path(name: str | None, cfg: dict) -> str | None:
     """The model path conf/model/<name>.yaml gives (None for a model without its own config file)."""
     if not name or not (CONF_DIR / "model" / f"{name}.yaml").is_file():
         return None
     try:
-        return _model_file(name).get("path")
+        return _model_file(name, cfg).get("path")
     except Exception:  # noqa: BLE001 (an unresolvable file: no path to compare with)
         return None
 
@@ -229,7 +230,7 @@ def evaluate(cfg: DictConfig | dict) -> dict:
     run = out.name
     start = time.perf_counter()
     entries = model_entries(cfg)
-    check_model_folders(entries)  # before the benchmarks are read (minutes): a wrong model.path fails at once
+    check_model_folders(entries, cfg)  # before the benchmarks are read (minutes): a wrong model.path fails at once
     loaded = load_benchmarks(cfg)
     cache = EmbeddingCache(cfg["cache"]["dir"], enabled=cfg["cache"]["enabled"])
     timing_texts = efficiency_texts(loaded, cfg)

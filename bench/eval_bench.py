@@ -32,7 +32,7 @@ METRICS = ["ndcg_cut_10", "recall_100"]
 
 def task_slice(cfg) -> TaskData:
     data_cfg = OmegaConf.to_container(cfg.data, resolve=True)
-    build("cmedteb_open", data_cfg, cfg.data_out_root)
+    build("cmedteb_open", data_cfg, cfg.data_dir)
     full = load_task("retrieval", cfg.benchmark.tasks.retrieval.path, split="dev")
     qids = list(full.queries)[:QUERIES]
     judged = list(dict.fromkeys(d for q in qids for d in full.qrels[q]))

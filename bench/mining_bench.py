@@ -65,7 +65,7 @@ def run() -> dict:
     cfg = load_config("data_pipeline")
     opts = {**dict(cfg.mine), "cache": None}
     encoder = build_encoder(cfg.model)
-    cache = EmbeddingCache()
+    cache = EmbeddingCache(cfg.mine.cache)
     examples, texts = real_examples()
     pools = {p: [e for e in examples if e["pool"] == p] for p in ("answers", "questions")}
     try:

@@ -69,9 +69,10 @@ def _vectors(n: int, dim: int) -> tuple[np.ndarray, np.ndarray]:
         from care.encoders.cache import EmbeddingCache
         from care.evaluation.corpora import evaluation_model
 
-        model = evaluation_model(dict(load_config("evaluate").model), 256)
+        app = load_config("evaluate")
+        model = evaluation_model(dict(app.model), 256)
         fingerprint = build_encoder(model).side_fingerprint("document", "retrieval")
-        found, dense = EmbeddingCache().lookup(fingerprint, "document", ("dense",), _texts(n))
+        found, dense = EmbeddingCache(app.cache.dir).lookup(fingerprint, "document", ("dense",), _texts(n))
         x[found] = dense
     x /= np.linalg.norm(x, axis=1, keepdims=True)
     return x, found

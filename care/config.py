@@ -7,8 +7,11 @@ import hashlib
 import json
 from collections.abc import Sequence
 
+from collections.abc import Mapping
+
 from hydra import compose, initialize_config_dir
-from omegaconf import DictConfig
+from hydra.core.global_hydra import GlobalHydra
+from omegaconf import DictConfig, OmegaConf
 
 from care.paths import PROJECT_ROOT
 
@@ -21,12 +24,29 @@ def load_config(config_name: str, overrides: Sequence[str] = ()) -> DictConfig:
         return compose(config_name=config_name, overrides=list(overrides))
 
 
+#: the keys of conf/roots.yaml: where every app writes and reads what another app wrote
+ROOT_KEYS = ("out_root", "cache_root", "data_dir")
+
+
+def model_config(name: str, app_config: Mapping | None = None) -> dict:
+    """conf/model/<name>.yaml composed through Hydra (a `defaults:` list in it is honoured) and resolved under
+    the roots of `app_config` (the calling app's out_root / cache_root / data_dir), as a plain dict.  Works
+    inside a running Hydra app (its config search path is conf/) and outside one."""
+    app_config = app_config or {}
+    overrides = [f"model={name}", *(f"{k}='{app_config[k]}'" for k in ROOT_KEYS if app_config.get(k))]
+    if GlobalHydra.instance().is_initialized():
+        cfg = compose(config_name="evaluate", overrides=overrides)
+    else:
+        cfg = load_config("evaluate", overrides)
+    return OmegaConf.to_container(cfg.model, resolve=True)
+
+
 # Settings of a training config that do not change the trained weights (where a run writes, how it logs
 # and saves): a run may resume with other values (care/training/checkpoint.py), and runs differing only
 # in these share a recipe.
 RUN_SETTINGS = ("trainer.resume", "trainer.max_steps_this_session", "trainer.num_workers", "trainer.log_every",
                 "trainer.checkpoint_every", "trainer.keep_checkpoints", "validation.batch_size", "wandb",
-                "overwrite", "lock_force", "output_dir", "run_name", "experiment_name", "hydra", "data.dir", "data.texts",
+                "overwrite", "lock_force", *ROOT_KEYS, "cache", "output_dir", "run_name", "experiment_name", "hydra", "data.dir", "data.texts",
                 "data.examples")
 
 

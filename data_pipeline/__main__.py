@@ -1,7 +1,7 @@
 """`python -m data_pipeline` runs every stage in order on the configured data; `stage=NAME` runs one.
 
 Each stage is a module with `run(cfg) -> dict` (its stats) and `summary(stats) -> str` (one line of what it
-produced, for the table printed at the end); stages read and write documented files under `cfg.out_root`,
+produced, for the table printed at the end); stages read and write documented files under `cfg.data_dir`,
 so any one can be re-run, inspected or replaced.
 """
 from __future__ import annotations
@@ -41,7 +41,7 @@ def main(cfg: DictConfig) -> None:
     for name in names:
         start = time.perf_counter()
         # bad input (the message names file and item), a full disk, a corrupt file, Ctrl-C: one line
-        with app_errors(APP, cfg, writes_to=cfg.get("out_root"), where=f"in stage {name}"):
+        with app_errors(APP, cfg, writes_to=cfg.get("data_dir"), where=f"in stage {name}"):
             stage = importlib.import_module(STAGES[name])
             stats = stage.run(cfg)
         rows.append((name, time.perf_counter() - start, stage.summary(stats or {})))

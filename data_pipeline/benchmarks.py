@@ -1,7 +1,7 @@
 """Stage `benchmarks`: build the open stand-in evaluation sets from the shared data, in the layouts a
 user's own C-MTEB / CMedTEB copy has (so evaluate.py reads both the same way):
 
-    {out_root}/benchmarks/cmedteb_open/
+    {data_dir}/benchmarks/cmedteb_open/
         cmed_v1/test.jsonl      CMed v1 <- cEpilepsyQA test: 490 questions x 95-100 candidates (repeated
                                 candidate rows collapsed by the reader), reranking JSON Lines
         cmed_v2/test.jsonl      CMed v2 <- ChineseBLUE cMedQA2 test grouped by question; only the trusted
@@ -10,7 +10,7 @@ user's own C-MTEB / CMedTEB copy has (so evaluate.py reads both the same way):
                                 + test, identical titles merged), BEIR folder, graded qrels/dev.tsv
         rerank/test.jsonl       Rerank <- cMedIR test grouped by query
         sts/dev.jsonl           STS <- KUAKE-QQR dev without the disputed pair s9
-    {out_root}/benchmarks/cmedqa2_retrieval/
+    {data_dir}/benchmarks/cmedqa2_retrieval/
         cmedqa2_test/           the trusted ChineseBLUE cMedQA2 test questions against ALL its answers (BEIR)
 
 How relevance comes from graded labels (the same choice the field makes for each set):
@@ -176,7 +176,7 @@ def build_cmedqa2_retrieval(data: dict, out: Path) -> dict:
                              "reader": report}}
 
 
-# name -> the files its builder writes into out_root/benchmarks/<name> (checked by claim_outputs)
+# name -> the files its builder writes into data_dir/benchmarks/<name> (checked by claim_outputs)
 OUTPUTS = {"cmedteb_open": ("cmed_v1/test.jsonl", "cmed_v2/test.jsonl", "retrieval/corpus.jsonl",
                             "retrieval/queries.jsonl", "retrieval/qrels/dev.tsv", "rerank/test.jsonl",
                             "sts/dev.jsonl"),
@@ -187,15 +187,15 @@ BUILDERS = {"cmedteb_open": (build_cmedteb_open, ["cepilepsyqa", "cmedqa2_pairs"
             "cmedqa2_retrieval": (build_cmedqa2_retrieval, ["cmedqa2_pairs"])}
 
 
-def build(name: str, data: dict, out_root: str | Path, force: bool = False) -> dict:
-    """Build one stand-in benchmark into out_root/benchmarks/<name> unless it is up to date."""
+def build(name: str, data: dict, data_dir: str | Path, force: bool = False) -> dict:
+    """Build one stand-in benchmark into data_dir/benchmarks/<name> unless it is up to date."""
     if name not in BUILDERS:
         raise ValueError(f"no stand-in builder '{name}' (choose one of {', '.join(BUILDERS)})")
     builder, sources = BUILDERS[name]
     missing = [s for s in sources if s not in data["sources"]]
     if missing:
         raise KeyError(f"benchmark {name} is built from data sources {missing}, absent from the data config")
-    out, root = Path(out_root) / "benchmarks" / name, Path(data["root"])
+    out, root = Path(data_dir) / "benchmarks" / name, Path(data["root"])
     used = {s: data["sources"][s] for s in sources}
     inputs = [f for opts in used.values() for f in source_files(opts, root)] + CODE
     fp = fingerprint(inputs, {"name": name, "root": str(root), "sources": used})
@@ -215,7 +215,7 @@ def run(cfg: DictConfig) -> dict:
     data = OmegaConf.to_container(cfg.data, resolve=True)
     stats = {}
     for name in BUILDERS:
-        stats[name] = build(name, data, cfg.out_root, force=cfg.get("force", False))
+        stats[name] = build(name, data, cfg.data_dir, force=cfg.get("force", False))
         state = "unchanged, skipped" if stats[name].get("skipped") else f"built in {stats[name]['seconds']} s"
         print(f"benchmarks/{name}: {state} ({OPEN_STAND_IN})")
         for slot, s in stats[name]["slots"].items():

@@ -1,9 +1,9 @@
 """Stage `import`: read every configured source (cfg.data.sources) into three files every later stage uses.
 
-    {out_root}/import/texts.jsonl       {"id", "text", "source", "role"}            every text once
-    {out_root}/import/pairs.jsonl       {"id", "source", "split", "text1_id", "text2_id", "label"[, "category"]}
-    {out_root}/import/candidates.jsonl  {"id", "source", "split", "query_id", "candidates": [{"id", "label"}]}
-    {out_root}/import/stats.json        per source and file: rows read, kept, rejected (each with file, line,
+    {data_dir}/import/texts.jsonl       {"id", "text", "source", "role"}            every text once
+    {data_dir}/import/pairs.jsonl       {"id", "source", "split", "text1_id", "text2_id", "label"[, "category"]}
+    {data_dir}/import/candidates.jsonl  {"id", "source", "split", "query_id", "candidates": [{"id", "label"}]}
+    {data_dir}/import/stats.json        per source and file: rows read, kept, rejected (each with file, line,
                                         field, reason), filters applied with counts; input digests and the
                                         stage fingerprint
 
@@ -32,7 +32,7 @@ CODE = [*care.data.sources.code_files(), Path(care.data.records.__file__), Path(
 
 def run(cfg: DictConfig) -> dict:
     data = OmegaConf.to_container(cfg.data, resolve=True)
-    root, out = Path(data["root"]), Path(cfg.out_root) / "import"
+    root, out = Path(data["root"]), Path(cfg.data_dir) / "import"
     files = [f for opts in data["sources"].values() for f in source_files(opts, root)]
     fp = fingerprint(files + CODE, data)
     if not cfg.get("force", False) and (old := up_to_date(out, fp)):

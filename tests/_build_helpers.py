@@ -43,7 +43,7 @@ def tid(source: str, role: str, split: str, text: str) -> str:
 def compose(import_dir: Path, out: Path, *extra: str):
     """The real build config, its rules and evaluation sets restricted to the sources written above,
     with no max_examples caps (so every clean example must come out)."""
-    cfg = load_config("data_pipeline", [f"out_root={out}", f"build.input_dir={import_dir}", *extra])
+    cfg = load_config("data_pipeline", [f"data_dir={out}", f"build.input_dir={import_dir}", *extra])
     with open_dict(cfg):
         cfg.build.rules = [{**r, "max_examples": None} for r in cfg.build.rules if r.source in SOURCES]
         cfg.build.eval_sets = [e for e in cfg.build.eval_sets if e.source in SOURCES]

@@ -7,9 +7,8 @@ from pathlib import Path
 
 import pytest
 from _training_helpers import make_training_files
-from omegaconf import OmegaConf
 
-from care.config import CONF_DIR
+from care.config import model_config as project_model_config
 from care.encoders import build_encoder
 from care.models.towers import Tower
 from care.tools.build_towers import build_tiny
@@ -80,7 +79,7 @@ def towers(tmp_path_factory):
 
 def model_config(query, document, **extra) -> dict:
     """conf/model/care_tiny.yaml with its towers pointed at the given folders (no build on first use)."""
-    c = OmegaConf.to_container(OmegaConf.load(CONF_DIR / "model" / "care_tiny.yaml"), resolve=True)
+    c = project_model_config("care_tiny")
     for side, path in (("query", query), ("document", document)):
         c[side].pop("build")
         c[side]["path"] = str(path)

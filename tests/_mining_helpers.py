@@ -30,7 +30,7 @@ def base_config(build_dir: Path, model_dir: Path):
 
 def compose(build_dir: Path, out: Path, model_dir: Path, *extra: str):
     """The real config (composed once: Hydra takes ~1 s a call here) with `key=value` overrides."""
-    return OmegaConf.merge(base_config(build_dir, model_dir), OmegaConf.from_dotlist([f"out_root={out}", *extra]))
+    return OmegaConf.merge(base_config(build_dir, model_dir), OmegaConf.from_dotlist([f"data_dir={out}", *extra]))
 
 
 def load_rows(path: Path) -> list[dict]:

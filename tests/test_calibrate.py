@@ -71,7 +71,7 @@ def _cfg(tmp_path, tiny_bert_dir, *overrides):
     # mean pooling: a random-weight tiny BERT's CLS vectors all have cosine ~0.99998, mean-pooled ones spread
     return load_config("data_pipeline", [*_dedup_overrides(), "model=tiny_bert", f"model.path={tiny_bert_dir}",
                                          "model.pooling=mean",
-                                         f"out_root={tmp_path}", f"dedup.semantic.cache={tmp_path / 'cache'}",
+                                         f"data_dir={tmp_path}", f"dedup.semantic.cache={tmp_path / 'cache'}",
                                          *overrides])
 
 

@@ -10,7 +10,7 @@ from care.paths import PROJECT_ROOT
 
 def test_no_faiss_loader_lines_under_hydra(tmp_path):
     # the mine stage imports faiss after Hydra has set up logging; here it stops at once on missing inputs
-    proc = subprocess.run([sys.executable, "-m", "data_pipeline", "stage=mine", f"out_root={tmp_path}",
+    proc = subprocess.run([sys.executable, "-m", "data_pipeline", "stage=mine", f"data_dir={tmp_path}",
                            f"hydra.run.dir={tmp_path / 'hydra'}"], cwd=PROJECT_ROOT, capture_output=True, text=True,
                           env={**os.environ, "WANDB_MODE": "disabled"}, timeout=300, check=False)
     out = proc.stdout + proc.stderr

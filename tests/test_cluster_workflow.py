@@ -28,7 +28,7 @@ import yaml
 from _training_helpers import make_training_files
 from omegaconf import OmegaConf
 
-from care.config import CONF_DIR, load_config
+from care.config import CONF_DIR, ROOT_KEYS, load_config
 from care.data.io import read_jsonl
 from care.paths import PROJECT_ROOT
 
@@ -280,6 +280,12 @@ def agent_command(spec: dict, values: dict, run_id: str, tmp_path: Path, monkeyp
     return started[-1]
 
 
+def resolved_in_roots(value, app_config: dict):
+    """A sweep value as the app resolves it: ${data_dir} etc. against the app's roots (conf/roots.yaml)."""
+    return OmegaConf.to_container(OmegaConf.create({"v": value, **{k: app_config[k] for k in ROOT_KEYS}}),
+                                  resolve=True)["v"]
+
+
 @pytest.mark.parametrize("path", SWEEPS, ids=lambda p: p.name)
 def test_every_sweep_run_composes(path, tmp_path, monkeypatch):
     spec = spec_of(path)
@@ -295,7 +301,7 @@ def test_every_sweep_run_composes(path, tmp_path, monkeypatch):
         cfg = load_config("train", command[3:])  # with WANDB_RUN_ID / WANDB_SWEEP_ID as the agent sets them
         resolved = OmegaConf.to_container(cfg, resolve=True)
         for key, value in values.items():
-            want = OmegaConf.to_container(OmegaConf.create({"v": value}), resolve=True)["v"]
+            want = resolved_in_roots(value, resolved)
             assert OmegaConf.select(OmegaConf.create(resolved), key) == want, (key, command)
         if "loss.temperature.dense" in values:  # one temperature for the three heads
             assert len(set(resolved["loss"]["temperature"].values())) == 1
@@ -312,7 +318,8 @@ def test_the_sweep_windows_are_the_documented_mining_runs():
     assert len(out_dirs) == 4
     bayes = next(spec_of(p) for p in SWEEPS if spec_of(p)["method"] == "bayes")
     values = bayes["parameters"]["data.dir"]["values"]
-    assert [OmegaConf.create({"v": v}).v for v in values] == out_dirs
+    roots = OmegaConf.to_container(load_config("train"), resolve=True)
+    assert [resolved_in_roots(v, roots) for v in values] == out_dirs
     for job in jobs_of(argv[4:]):
         window = load_config("data_pipeline", job).mine.window
         assert list(window) in ([0.4, 0.7], [0.5, 0.8], [0.6, 0.85], [0.7, 0.9])

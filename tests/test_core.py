@@ -25,7 +25,7 @@ def test_compose_real_configs():
     cfg = load_config("data_pipeline", ["model=tiny_bert"])
     assert cfg.model.kind == "dense"
     assert cfg.model.path.endswith("tiny-bert")
-    assert "${" not in str(cfg.out_root) and cfg.out_root.endswith("data")
+    assert "${" not in str(cfg.data_dir) and cfg.data_dir == f"{cfg.out_root}/data"
 
 
 def test_dense_encoder_matches_manual_pooling(tiny_bert_dir):

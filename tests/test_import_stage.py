@@ -16,7 +16,7 @@ LEFT_OUT = ["cepilepsyqa", "kuake_qtr", "chip_sts", "chip2019", "cmedqq", "cmedi
 
 
 def _config(out, *overrides):
-    return load_config("data_pipeline", [f"out_root={out}", "stage=import", *overrides])
+    return load_config("data_pipeline", [f"data_dir={out}", "stage=import", *overrides])
 
 
 def _lines(path):

@@ -89,7 +89,7 @@ def test_filters_default_to_the_import_filter_without_input():
 
 def _import_cfg(tmp_path: Path, *extra: str):
     _jsonl(tmp_path / "src" / "r" / "t.jsonl", [{"query": "头痛", "positive": ["休息"], "negative": ["运动"]}])
-    cfg = cfg_with(f"out_root={tmp_path}", *extra)
+    cfg = cfg_with(f"data_dir={tmp_path}", *extra)
     with open_dict(cfg):
         cfg.data.root = str(tmp_path / "src")
         cfg.data.sources = {"r": {"reader": "cmteb_reranking", "path": "r", "files": {"test": "t.jsonl"}}}
@@ -100,8 +100,8 @@ STAGE_CASES = {
     # stage: (run it on tmp_path, its output folder under tmp_path, a file it writes there)
     "import": (lambda tmp: import_stage.run(_import_cfg(tmp)), "import", "texts.jsonl"),
     "dedup": (lambda tmp: _dedup(_jsonl(tmp / "plain.jsonl", PLAIN), tmp / "dedup"), "dedup", "kept.jsonl"),
-    "build": (lambda tmp: build.run(cfg_with(f"out_root={tmp}")), "build", "examples.jsonl"),
-    "mine": (lambda tmp: mining.run(cfg_with(f"out_root={tmp}", "model=tiny_bert", f"model.path={tmp / 'none'}",
+    "build": (lambda tmp: build.run(cfg_with(f"data_dir={tmp}")), "build", "examples.jsonl"),
+    "mine": (lambda tmp: mining.run(cfg_with(f"data_dir={tmp}", "model=tiny_bert", f"model.path={tmp / 'none'}",
                                              "mine.window=[0.5,0.8]", "mine.dedup_clusters=null")),
              "train", "flag_train.jsonl"),
     "benchmarks": (lambda tmp: benchmarks.build(

@@ -14,6 +14,7 @@ from omegaconf import OmegaConf
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
+from care.config import model_config
 from care.encoders import build_encoder
 from care.encoders.m3 import M3Encoder
 from care.encoders.scores import score_matrix
@@ -75,7 +76,7 @@ def test_flagembedding_loads_our_checkpoint_with_same_scores(tmp_path, texts):
 def test_load_refuses_a_folder_without_head_files(tiny_bert_dir, tmp_path):
     with pytest.raises(FileNotFoundError, match=r"colbert_linear.pt, sparse_linear.pt missing.*m3 init"):
         M3Model.load(tiny_bert_dir)
-    cfg = OmegaConf.load(PROJECT_ROOT / "conf" / "model" / "tiny_m3.yaml")
+    cfg = model_config("tiny_m3")
     with pytest.raises(FileNotFoundError, match="not an M3 checkpoint"):
         build_encoder({**cfg, "path": str(tiny_bert_dir)})
     with pytest.raises(FileNotFoundError, match=r"does not exist.*python -m care.models.m3 tiny"):
@@ -196,7 +197,7 @@ def test_flagembedding_preset_equals_flagembeddings_loss(texts):
 
 def test_encoder_from_config_and_fingerprint(tmp_path, texts):
     path = tiny_m3(dropout=0.0).save(tmp_path / "m3")
-    cfg = OmegaConf.load(PROJECT_ROOT / "conf" / "model" / "tiny_m3.yaml")
+    cfg = model_config("tiny_m3")
     enc = build_encoder({**cfg, "path": str(path)}, device="cpu")
     assert isinstance(enc, M3Encoder) and enc.heads == HEADS
     emb = enc.encode_documents(texts["docs"], batch_size=4, heads=HEADS)

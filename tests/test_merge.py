@@ -54,3 +54,15 @@ def test_command_line_writes_a_loadable_checkpoint_and_never_replaces_one(tmp_pa
     with pytest.raises(SystemExit):
         main([str(tmp_path / "tuned"), str(tmp_path / "start"), "--out", str(tmp_path / "merged")])
     assert "never replaces" in capsys.readouterr().err
+
+
+def test_command_line_errors_are_one_line(tmp_path, capsys):
+    """A start of another architecture: one line naming the problem, exit 1, no traceback, nothing written."""
+    tiny_m3(layers=2).save(tmp_path / "tuned")
+    tiny_m3(layers=1).backbone.save_pretrained(tmp_path / "start")
+    with pytest.raises(SystemExit) as exit_:
+        main([str(tmp_path / "tuned"), str(tmp_path / "start"), "--out", str(tmp_path / "merged")])
+    err = capsys.readouterr().err
+    assert exit_.value.code == 1 and "Traceback" not in err
+    assert err.splitlines()[-1].startswith("python -m care.training.merge: error: cannot merge models of different architectures")
+    assert not (tmp_path / "merged").exists()

@@ -27,7 +27,7 @@ ABSOLUTE = re.compile(r"(?<![\w.:/~-])/(?:tmp|home|work|root|Users|private|var|m
 
 
 def pipeline_layout(data: Path, texts: Path, train: Path) -> tuple[Path, Path]:
-    """The training files moved into <out_root>/train/ with stats.json files beside them and in the sibling
+    """The training files moved into <data_dir>/train/ with stats.json files beside them and in the sibling
     stage folders, each with the keys its stage writes (data_pipeline: import_stage, dedup/stage, build,
     mining) and build's leakage.json (copied by mine beside the training files)."""
     n = sum(1 for _ in train.open(encoding="utf-8"))

@@ -8,6 +8,7 @@ mteb writes its scores rounded to 6 decimals (TaskResult.to_disk), hence the com
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 from test_nano_mteb import mteb_cache  # noqa: F401  (mteb's import-time result folder in a temporary place)
@@ -38,15 +39,13 @@ def dense(spread_bert):
 @pytest.fixture(scope="module")
 def care_encoder(tmp_path_factory):
     """A CARE model: a 32-d tiny BERT query tower, a 64-d tiny Qwen3 document tower (cut to 32)."""
-    from omegaconf import OmegaConf
-
-    from care.config import CONF_DIR
+    from care.config import model_config
     from care.encoders import build_encoder
     from care.tools.build_towers import build_tiny
 
     root = tmp_path_factory.mktemp("care-towers") / "tiny"
     build_tiny(root, seed=0)
-    cfg = OmegaConf.to_container(OmegaConf.load(CONF_DIR / "model" / "care_tiny.yaml"), resolve=True)
+    cfg = model_config("care_tiny")
     for side in ("query", "document"):
         cfg[side].pop("build")
         cfg[side]["path"] = str(root / side)
@@ -183,12 +182,15 @@ def test_cli_results_options(monkeypatch, tmp_path):
     assert _dashed(["--results=/y"]) == ["results=/y"]
     with pytest.raises(ValueError, match="--results"):
         _dashed(["--results"])
-    assert results_options({}, {}) == (tmp_path / "out" / "mteb", {})
-    assert results_options({"results": "none"}, {})[0] is None
+    app = {"out_root": str(tmp_path / "moved"), "cache_root": str(tmp_path / "cache")}
+    monkeypatch.delenv("MTEB_CACHE", raising=False)
+    assert results_options({}, {}, app) == (tmp_path / "moved" / "mteb", {})  # the app's out_root, not CARE_OUTPUTS
+    assert os.environ["MTEB_CACHE"] == str(tmp_path / "cache" / "mteb")
+    assert results_options({"results": "none"}, {}, app)[0] is None
     own = {"results": str(tmp_path / "r"), "license": "mit", "training_datasets": "ATEC, CmedqaRetrieval"}
-    assert results_options(own, {"license": "apache-2.0", "training_datasets": ["X"]}) == (
+    assert results_options(own, {"license": "apache-2.0", "training_datasets": ["X"]}, app) == (
         tmp_path / "r", {"license": "mit", "training_datasets": {"ATEC", "CmedqaRetrieval"}})
-    assert results_options({"training_datasets": ""}, {"license": "apache-2.0"})[1] == {
+    assert results_options({"training_datasets": ""}, {"license": "apache-2.0"}, app)[1] == {
         "license": "apache-2.0", "training_datasets": set()}  # empty: trained on none of mteb's tasks
 
     class Stub:  # an encoder that states nothing about its network

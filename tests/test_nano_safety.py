@@ -36,7 +36,7 @@ def _beir(folder, ghost_qrels: bool = False):
 
 
 def _cfg(tmp_path, tiny_bert_dir, *extra):
-    return load_config("data_pipeline", ["stage=nano", f"out_root={tmp_path / 'data'}", "model=tiny_bert",
+    return load_config("data_pipeline", ["stage=nano", f"data_dir={tmp_path / 'data'}", "model=tiny_bert",
                                          f"model.path={tiny_bert_dir}", f"nano.dense.cache={tmp_path / 'cache'}",
                                          "nano.leakage.check=false", *extra])
 
@@ -69,7 +69,7 @@ def test_input_without_out_gets_its_own_folder_and_card(tmp_path, tiny_bert_dir)
 
 
 def test_output_folder_rules(tmp_path):
-    cfg = load_config("data_pipeline", ["stage=nano", f"out_root={tmp_path}"])
+    cfg = load_config("data_pipeline", ["stage=nano", f"data_dir={tmp_path}"])
     opts = OmegaConf.to_container(cfg.nano, resolve=True)
     root = (tmp_path / "nano").resolve()
     assert stage.output_folder(cfg, opts) == ("CMedNanoOpen", root / "CMedNanoOpen")  # the open splits

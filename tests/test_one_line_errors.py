@@ -8,6 +8,7 @@ import json
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from omegaconf import OmegaConf
 
 import evaluate
 from care.config import load_config
@@ -163,13 +164,12 @@ def test_a_missing_model_folder_fails_before_any_benchmark(tmp_path, monkeypatch
     assert "make model" not in line
 
 
-def test_the_build_hint_stays_for_the_projects_own_folder(tmp_path, monkeypatch):
-    """The configured folder of me5_small, missing: `make model` is the right advice there."""
-    monkeypatch.setattr(evaluate, "_configured_path", lambda name: str(tmp_path / "me5"))
-    entries = [{"name": "me5_small", "model": {"name": "me5_small", "path": str(tmp_path / "me5"),
-                                               "build_hint": "Build it with `make model`."}}]
+def test_the_build_hint_stays_for_the_projects_own_folder(tmp_path):
+    """The configured folder of me5_small (under this run's cache_root), missing: `make model` is the right
+    advice there."""
+    cfg = OmegaConf.to_container(load_config("evaluate", [f"cache_root={tmp_path}"]), resolve=True)
     with pytest.raises(FileNotFoundError, match="make model"):
-        evaluate.check_model_folders(entries)
+        evaluate.check_model_folders([{"name": "me5_small", "model": cfg["model"]}], cfg)
 
 
 def test_bugs_keep_their_traceback():

@@ -33,7 +33,7 @@ def pipeline_outputs(root: Path) -> dict[str, str]:
     from data_pipeline import import_stage
     from data_pipeline.dedup import stage as dedup_stage
 
-    cfg = load_config("data_pipeline", [f"out_root={root}", "dedup.stages=[exact,minhash]"])
+    cfg = load_config("data_pipeline", [f"data_dir={root}", "dedup.stages=[exact,minhash]"])
     with open_dict(cfg):
         cfg.data.sources = OmegaConf.create({"cepilepsyqa": cfg.data.sources.cepilepsyqa})
     import_stage.run(cfg)

@@ -42,7 +42,6 @@ import xxhash
 
 from care.data.io import atomic_open
 from care.encoders.base import Embeddings, Encoder
-from care.paths import cache_dir
 
 log = logging.getLogger(__name__)
 # On-disk folder name of each side ("doc", not "document": the name existing caches were written under).
@@ -50,10 +49,6 @@ SIDE_DIRS = {"query": "query", "document": "doc"}
 FINGERPRINT = "fingerprint"  # the array in every chunk naming the side fingerprint it was written under
 DIGESTS = "digests"  # the array (JSON text) in every chunk holding {"xxh3_128": {array name: hex digest}}
 DIGEST_ALGO = "xxh3_128"
-
-
-def default_root() -> Path:
-    return cache_dir() / "embeddings"
 
 
 def text_key(text: str) -> bytes:
@@ -144,8 +139,12 @@ class EmbeddingCache:
     """`cache.get(fingerprint, side, heads, texts, encode)` returns embeddings for `texts` in order,
     calling `encode(missing_texts)` only for texts this encoder has never embedded on that side."""
 
-    def __init__(self, root: str | Path | None = None, enabled: bool = True):
-        self.root = Path(root) if root is not None else default_root()
+    def __init__(self, root: str | Path | None, enabled: bool = True):
+        # No default folder: every app passes its config's cache.dir (under cache_root, conf/roots.yaml), so a
+        # cache the user moved is never silently read or filled at the default place.
+        if root is None and enabled:
+            raise ValueError("EmbeddingCache: an enabled cache needs its folder (the app config's cache.dir)")
+        self.root = Path(root) if root is not None else None
         self.enabled = enabled
         self.hits = self.misses = 0  # texts served from disk / encoded, for reports and benches
         self.damaged: list[Path] = []  # chunks found unreadable or damaged (each once), then ignored

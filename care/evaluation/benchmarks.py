@@ -33,7 +33,6 @@ from omegaconf import DictConfig, OmegaConf
 from care.data.io import write_jsonl
 from care.data.tasks import TYPES
 from care.evaluation.tasks import RUNNERS
-from care.paths import cache_dir
 
 
 @dataclass
@@ -101,9 +100,9 @@ def hub_reachable() -> bool:
     return os.environ.get("HF_HUB_OFFLINE") != "1" and os.environ.get("HF_DATASETS_OFFLINE") != "1"
 
 
-def from_hub(hub: str, split: str) -> Path:
+def from_hub(hub: str, split: str, cache_root: str | Path) -> Path:
     """A hub dataset in C-MTEB's reranking columns, stored once as JSON Lines under the cache folder."""
-    path = cache_dir() / "benchmarks" / hub.replace("/", "__") / f"{split}.jsonl"
+    path = Path(cache_root) / "benchmarks" / hub.replace("/", "__") / f"{split}.jsonl"
     if not path.exists():
         from datasets import load_dataset
 
@@ -118,15 +117,16 @@ FORMATS = {"retrieval": "a BEIR folder (corpus.jsonl, queries.jsonl, qrels/<spli
            "sts": 'a JSON Lines file {"sentence1", "sentence2", "score"}'}
 
 
-def resolve_paths(bench: Benchmark, override_prefix: str = "benchmark") -> list[TaskSpec]:
-    """The tasks to run: each with a path (a hub copy fetched when allowed), optional ones without a path
-    dropped.  Every task still missing its data is named in one error, with the override that fixes it."""
+def resolve_paths(bench: Benchmark, override_prefix: str = "benchmark", cache_root: str | Path | None = None
+                  ) -> list[TaskSpec]:
+    """The tasks to run: each with a path (a hub copy fetched when allowed, kept under `cache_root`: the app's
+    cache_root key), optional ones without a path dropped.  Every task still missing its data is named in one error, with the override that fixes it."""
     ready, missing = [], []
     for t in bench.tasks:
         if t.path:
             ready.append(t)
-        elif t.hub and hub_reachable():
-            t.path = str(from_hub(t.hub, t.split))
+        elif t.hub and hub_reachable() and cache_root is not None:
+            t.path = str(from_hub(t.hub, t.split, cache_root))
             ready.append(t)
         elif not t.optional:
             hub = (f"; or let it come from the hub ({t.hub}): unset HF_HUB_OFFLINE where the hub is reachable"

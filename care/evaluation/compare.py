@@ -9,7 +9,8 @@ groups (`--a`, `--b`: a group's number in the table or a word of its label; defa
 groups) get a gain row with a paired-bootstrap 95% interval per cell (care/evaluation/significance.py) over
 the pooled per-query values: each query's value averaged over the group's seeds, so the interval is the
 evaluation set's noise left after averaging the seeds; the spread between seeds is the sd column.
-Writes compare.md, compare.json and compare.png to --out (default outputs/compare/<time>).
+Writes compare.md, compare.json and compare.png to --out (default <--out-root>/compare/<time>, the outputs
+root the apps take as out_root=).
 """
 from __future__ import annotations
 
@@ -204,9 +205,11 @@ def main(argv: Sequence[str] | None = None) -> None:
     ap.add_argument("runs", nargs="+", help="evaluate.py output folders")
     ap.add_argument("--a", help="the group whose gain is shown (number in the table or a word of its label)")
     ap.add_argument("--b", help="the reference group")
-    ap.add_argument("--out", help="where compare.md / .json / .png go (default outputs/compare/<time>)")
+    ap.add_argument("--out", help="where compare.md / .json / .png go (default <out root>/compare/<time>)")
+    ap.add_argument("--out-root", default=str(outputs_dir()),
+                    help="the outputs root, as the apps' out_root= (default CARE_OUTPUTS, else <project>/outputs)")
     args = ap.parse_args(argv)
-    out = Path(args.out) if args.out else outputs_dir() / "compare" / time.strftime("%Y-%m-%d_%H-%M-%S")
+    out = Path(args.out) if args.out else Path(args.out_root) / "compare" / time.strftime("%Y-%m-%d_%H-%M-%S")
     with app_errors("python -m care.evaluation.compare", writes_to=out, resumes=False):
         result = compare(args.runs, args.a, args.b)
         text = markdown(result)

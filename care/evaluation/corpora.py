@@ -24,7 +24,7 @@ PLACES = ("benchmark", "extra_benchmark")
 def load_benchmarks(cfg: dict, build: Callable[[str, dict, str], dict] | None = None,
                     show_progress: bool = True) -> list[tuple[Benchmark, list[tuple[TaskSpec, TaskData]]]]:
     """[(benchmark, [(task spec, task data)])] for each benchmark the config names.  `build(name, data,
-    out_root)` makes a stand-in benchmark's files first when missing or stale (the app passes
+    data_dir)` makes a stand-in benchmark's files first when missing or stale (the app passes
     data_pipeline.benchmarks.build: the library never imports the stages)."""
     loaded = []
     for where in PLACES:
@@ -35,8 +35,8 @@ def load_benchmarks(cfg: dict, build: Callable[[str, dict, str], dict] | None = 
             if build is None:
                 raise ValueError(f"benchmark {bench.name} is built from the shared data ({bench.build}) but no builder was given")
             for name in [bench.build] if isinstance(bench.build, str) else bench.build:
-                build(name, cfg["data"], cfg["data_out_root"])
-        specs = resolve_paths(bench, where)
+                build(name, cfg["data"], cfg["data_dir"])
+        specs = resolve_paths(bench, where, cfg.get("cache_root"))
         bench.tasks = specs
         tasks = []
         for spec in tqdm(specs, desc=f"load {bench.name}", unit="task", disable=not show_progress):

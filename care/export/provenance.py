@@ -136,7 +136,7 @@ def _lines(path: Path) -> int | None:
 
 def data_lineage(texts_path: str | Path, examples_path: str | Path) -> dict:
     """What the training files came from: the stats.json of each `python -m data_pipeline` stage found
-    beside them (the stage that wrote them, and its sibling stage folders under the same out_root:
+    beside them (the stage that wrote them, and its sibling stage folders under the same data folder:
     import/, dedup/, build/, train/), compacted to fingerprints and counts, plus the build stage's leakage
     report.  Files of your own, with no stage stats beside them, give {"pipeline": False, "note": ...}.
     JSON-able; stored by the trainer in care_training.json under "lineage"."""

@@ -78,7 +78,7 @@ class EncoderScorer:
                  cached_sides: Sequence[str] = ("query", "document"),
                  heads: Sequence[str] | None = None, hybrid_weights: dict[str, float] | None = None,
                  rerank_depth: int = 100, label: str | None = None, show_progress: bool = True):
-        self.encoder, self.cache = encoder, cache or EmbeddingCache(enabled=False)
+        self.encoder, self.cache = encoder, cache or EmbeddingCache(None, enabled=False)
         # the sides the cache may serve: a side whose weights change in training (a live model keeps the
         # fingerprint of its starting folder) must be encoded afresh every time
         self.cached_sides = tuple(cached_sides)

@@ -76,7 +76,7 @@ class CAREFamily:
             query.gradient_checkpointing_enable()
         if self.stage == "stage1":
             document.requires_grad_(False).eval()
-            self.cache = EmbeddingCache()  # document side only: validation encodes queries afresh
+            self.cache = EmbeddingCache(cfg.cache.dir)  # document side only: validation encodes queries afresh
             texts = list(dict.fromkeys(read_text_store(cfg.data.texts).values()))
             state = PartialState()  # this process's accelerator device (the towers are still on the CPU)
             with state.main_process_first():  # one process encodes; the others then read its cache

@@ -53,6 +53,7 @@ def merge_with_start(model, start, weight: float):
 
 def main(argv: list[str] | None = None) -> None:
     from care.encoders.registry import TRAINING_RECORD, read_record
+    from care.errors import app_errors
     from care.export.st_folder import declared_pooling, write_st_files
     from care.models.m3 import M3Model, load_backbone
 
@@ -65,14 +66,15 @@ def main(argv: list[str] | None = None) -> None:
     out = Path(a.out)
     if out.exists():
         p.error(f"{out} exists; the merge never replaces a folder")
-    record = Path(a.tuned) / TRAINING_RECORD
-    # the tuned folder's pooling and prompts: from its training record, else its sentence-transformers files
-    model_cfg = (read_record(a.tuned)["model"] if record.is_file()
-                 else {"kind": "m3", "pooling": declared_pooling(a.tuned) or "cls"})
-    model = M3Model.load(a.tuned, model_cfg.get("pooling", "cls"))
-    merge_with_start(model, load_backbone(a.start), a.weight)
-    model.save(out)
-    write_st_files(out, model_cfg)
+    with app_errors("python -m care.training.merge", writes_to=out.parent, resumes=False):
+        record = Path(a.tuned) / TRAINING_RECORD
+        # the tuned folder's pooling and prompts: from its training record, else its sentence-transformers files
+        model_cfg = (read_record(a.tuned)["model"] if record.is_file()
+                     else {"kind": "m3", "pooling": declared_pooling(a.tuned) or "cls"})
+        model = M3Model.load(a.tuned, model_cfg.get("pooling", "cls"))
+        merge_with_start(model, load_backbone(a.start), a.weight)
+        model.save(out)
+        write_st_files(out, model_cfg)
     print(f"merged {a.tuned} ({a.weight}) with {a.start} ({1 - a.weight:g}) -> {out}")
 
 

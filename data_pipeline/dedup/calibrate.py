@@ -18,7 +18,7 @@ mode=pairs   no judge here, so the labels come from people: the human-labelled p
              shared data (CHIP-STS, cMedQQ, KUAKE-QQR; `pair_sources`), cosine of each pair under this
              encoder, paraphrase rate per interval, and the thresholds that follow (see `suggest`).
 Every mode writes `table.txt` and `calibration.json` under dedup.calibrate.out
-(default {out_root}/calibrate/<model name>/).  Texts are encoded as documents (`side: doc`), as the dedup
+(default {data_dir}/calibrate/<model name>/).  Texts are encoded as documents (`side: doc`), as the dedup
 stage does; side=query measures the query side (question-question similarity, what mining compares).
 """
 from __future__ import annotations
@@ -251,13 +251,13 @@ def encode(cfg: DictConfig, encoder, texts: list[str]) -> np.ndarray:
 def default_store(cfg: DictConfig) -> Path:
     if cfg.get("input"):
         return Path(cfg.input)
-    kept = Path(cfg.out_root) / "dedup" / "kept.jsonl"
-    return kept if kept.exists() else Path(cfg.out_root) / "import" / "texts.jsonl"
+    kept = Path(cfg.data_dir) / "dedup" / "kept.jsonl"
+    return kept if kept.exists() else Path(cfg.data_dir) / "import" / "texts.jsonl"
 
 
 def run(cfg: DictConfig) -> dict:
     c = cfg.dedup.calibrate
-    out = Path(c.out or Path(cfg.out_root) / "calibrate" / cfg.model.name)
+    out = Path(c.out or Path(cfg.data_dir) / "calibrate" / cfg.model.name)
     mode = c.mode
     if mode not in ("pairs", "export", "report", "judge"):
         raise ValueError(f"dedup.calibrate.mode must be pairs, export, report or judge, not {mode!r}")

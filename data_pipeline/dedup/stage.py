@@ -1,8 +1,8 @@
 """`python -m data_pipeline stage=dedup`: exact -> MinHash -> semantic deduplication of a text store.
 
-Reads `{"id","text",...}` JSON Lines (cfg.input, else {out_root}/import/texts.jsonl), restricted to the
+Reads `{"id","text",...}` JSON Lines (cfg.input, else {data_dir}/import/texts.jsonl), restricted to the
 roles/sources in `dedup.roles` / `dedup.sources` (`auto`: dedup.import_filter's on the import store, none
-with input=; see `row_filters`); writes to cfg.out (else {out_root}/dedup/), refusing files there that an
+with input=; see `row_filters`); writes to cfg.out (else {data_dir}/dedup/), refusing files there that an
 earlier dedup run did not write (force=true overwrites):
   kept.jsonl         the surviving rows, unchanged, in input order
   clusters.jsonl     one line per cluster a stage merged: stage, kept_id, removed_ids, similarity of
@@ -160,8 +160,8 @@ def run(cfg: DictConfig) -> dict:
     unknown = [s for s in order if s not in STAGES]
     if unknown:
         raise ValueError(f"dedup.stages: unknown {unknown}; choose from {list(STAGES)}")
-    src = Path(cfg.get("input") or Path(cfg.out_root) / "import" / "texts.jsonl")
-    out = Path(cfg.get("out") or Path(cfg.out_root) / "dedup")
+    src = Path(cfg.get("input") or Path(cfg.data_dir) / "import" / "texts.jsonl")
+    out = Path(cfg.get("out") or Path(cfg.data_dir) / "dedup")
     semantic = "semantic" in order
     thresholds = semantic_thresholds(cfg) if semantic else None  # refuse before any work
 

@@ -2,7 +2,7 @@
 
     python -m data_pipeline stage=nano                     the open splits from the shared data
     python -m data_pipeline stage=nano input=DIR out=OUT   any task folder (BEIR or mteb / HAKARI parquet);
-                                                           without out=, ${out_root}/nano/Nano<DIR's name>
+                                                           without out=, ${data_dir}/nano/Nano<DIR's name>
 
 Per split: the selection (select.py), BM25 top-500 (bm25s robertson over HAKARI's jieba tokens), dense
 top-500 with the configured encoder through the embedding cache (the corpus is encoded shard by shard,

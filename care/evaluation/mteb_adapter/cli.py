@@ -11,7 +11,7 @@ runners on the same data in the same process, dense head) with the difference; `
 evaluate embedding cache between the two.  Any other key=value is an evaluate override.
 
 Every run also leaves mteb's results in mteb's own result-cache layout (results.py), read by mteb's tools and
-leaderboard: `results=<dir>` (or `--results <dir>`; default <outputs>/mteb, CARE_OUTPUTS moves it; `results=none`
+leaderboard: `results=<dir>` (or `--results <dir>`; default <out_root>/mteb, conf/roots.yaml; `results=none`
 writes nothing) -> <dir>/results/<org__name>/<revision>/<Task>.json + model_meta.json.  The ModelMeta's name is
 `care/<model name>` unless `name=org/name`; `license=<mteb license id>` and `training_datasets=TaskA,TaskB` (mteb
 task names; empty = none of mteb's) state what the model config does not (its `license` and
@@ -19,6 +19,7 @@ task names; empty = none of mteb's) state what the model config does not (its `l
 """
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
@@ -84,10 +85,13 @@ def _dashed(argv: Sequence[str]) -> list[str]:
     return out
 
 
-def results_options(own: Mapping, model_cfg: Mapping) -> tuple[Path | None, dict]:
-    """The results folder (None for results=none) and the ModelMeta's caller-set fields: the model config's
-    `license` and `training_datasets`, overridden by the command line's."""
-    folder = None if (own.get("results") or "").lower() in ("none", "false", "off") else results_dir(own.get("results"))
+def results_options(own: Mapping, model_cfg: Mapping, app_cfg: Mapping) -> tuple[Path | None, dict]:
+    """The results folder (None for results=none; default <out_root>/mteb of the app config) and the
+    ModelMeta's caller-set fields: the model config's `license` and `training_datasets`, overridden by the
+    command line's.  Also points mteb's import-time cache at <cache_root>/mteb unless MTEB_CACHE is set."""
+    os.environ.setdefault("MTEB_CACHE", str(Path(app_cfg["cache_root"]) / "mteb"))
+    choice = own.get("results") or ""
+    folder = None if choice.lower() in ("none", "false", "off") else results_dir(choice or Path(app_cfg["out_root"]) / "mteb")
     meta = meta_fields(model_cfg)
     meta.update(meta_fields({k: own.get(k) for k in ("license", "training_datasets")}))
     return folder, meta
@@ -128,7 +132,7 @@ def main(argv: Sequence[str]) -> dict:
     if not extra:
         cfg["extra_benchmark"] = None
     encoder = encoder_from_config(cfg)
-    folder, meta = results_options(own, _model_config(cfg))
+    folder, meta = results_options(own, _model_config(cfg), cfg)
     tasks = benchmark_tasks(cfg, keys=own["keys"].split(",") if own["keys"] else None) if benchmark else []
     for item in filter(None, (own["tasks"] or "").split(",")):
         name, _, path = item.partition("=")
@@ -160,7 +164,7 @@ def _say_results(folder: Path | None, encoder: Encoder, name: str | None, meta: 
 def main_nano(own: dict, overrides: Sequence[str]) -> dict:
     cfg = evaluate_config(overrides)
     encoder = encoder_from_config(cfg)
-    folder, meta = results_options(own, _model_config(cfg))
+    folder, meta = results_options(own, _model_config(cfg), cfg)
     reranking = _truthy(own["reranking"])
     splits = own["splits"].split(",") if own["splits"] else None
     got = run_mteb(encoder, own["nano"], splits, reranking=reranking, source=own["source"], results=folder,

@@ -140,9 +140,9 @@ def _builder(build):
     if build != "auto":
         return build
 
-    def require_built(name: str, data: dict, out_root: str):
-        if not (Path(out_root) / "benchmarks" / name / "stats.json").is_file():
-            raise FileNotFoundError(f"the open stand-in benchmark {name} is not built under {out_root}: run "
+    def require_built(name: str, data: dict, data_dir: str):
+        if not (Path(data_dir) / "benchmarks" / name / "stats.json").is_file():
+            raise FileNotFoundError(f"the open stand-in benchmark {name} is not built under {data_dir}: run "
                                     "`python -m data_pipeline stage=benchmarks` (or evaluate.py once) first")
 
     return require_built
@@ -168,7 +168,7 @@ def load_project_benchmarks(benchmark: Any = "cmedteb_open", build: Any = "auto"
         cfg = {"benchmark": cfg}
         if cfg["benchmark"].get("build"):
             app = OmegaConf.to_container(load_config("evaluate", ["~benchmark@extra_benchmark"]), resolve=True)
-            cfg.update(data=app["data"], data_out_root=app["data_out_root"])
+            cfg.update(data=app["data"], data_dir=app["data_dir"])
     return load_benchmarks(cfg, build=_builder(build), show_progress=False)
 
 
