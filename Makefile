@@ -8,7 +8,8 @@ export TRANSFORMERS_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 export PYTHONUNBUFFERED := 1
 
-.PHONY: setup model run test test-slow bench bench-scale lint clean data evaluate train nano ablation ablation-long
+.PHONY: setup model run test test-slow bench bench-scale lint clean data evaluate train nano ablation ablation-long \
+	ablation-signals
 
 # Idempotent: the stamp is newer than pyproject.toml when nothing changed, and the step is skipped.
 setup: .venv/.stamp
@@ -92,6 +93,50 @@ ablation-long: model
 	done; done
 	$(PY) -m care.evaluation.compare outputs/eval/hn_ablation_long-* outputs/eval/hn_ablation-zeroshot \
 		--a group_size=4 --b group_size=1 --out outputs/compare/hn_ablation_long
+
+# The training-signals ablation (docs/training_signals.md): in-batch -> + mined negatives (question mode) ->
+# document-mode mining -> + relative margin 0.05 -> + distillation from `make run`'s model, one change per
+# arm, and document-mode + absolute margin 0 beside them; 3 seeds, the hn_ablation_long budget (60 steps);
+# then the Matryoshka row.  Every step skips what is done (hours on 2 cores: docs/training_signals.md).
+SIGNALS := inbatch question document margin distill posfilter
+comma := ,
+empty :=
+space := $(empty) $(empty)
+SIGNALS_RUNS := $(foreach a,$(SIGNALS),$(foreach s,0 1 2,signals-$(a)-s$(s)))
+SIGNALS_EVALS := $(addprefix outputs/eval/,$(SIGNALS_RUNS))
+MRL_RUN := cpu_default-me5_small-mrl
+ablation-signals: model
+	for s in import dedup build mine benchmarks; do $(PY) -m data_pipeline stage=$$s || exit 1; done
+	$(PY) -m data_pipeline stage=mine mine.similarity=document 'mine.out_dir=$${data_dir}/mined/document'
+	$(PY) -m data_pipeline stage=mine mine.similarity=document mine.relative_margin=0.05 \
+		'mine.out_dir=$${data_dir}/mined/document-rm0.05'
+	$(PY) -m data_pipeline stage=mine mine.similarity=document mine.absolute_margin=0.0 \
+		'mine.out_dir=$${data_dir}/mined/document-am0'
+	$(PY) train.py
+	$(PY) -m data_pipeline stage=score teacher=$(TRAIN_RUN)/final \
+		'score.input_dir=$${data_dir}/mined/document-rm0.05' 'score.out_dir=$${data_dir}/scored/document-rm0.05'
+	$(PY) train.py -m experiment=$(subst $(space),$(comma),$(addprefix signals/,$(SIGNALS))) seed=0,1,2
+	test -f outputs/eval/signals-zeroshot/summary.json || \
+	$(PY) evaluate.py model=me5_small $(ABLATION_EVAL) run_name=signals-zeroshot
+	for run in $(SIGNALS_RUNS); do \
+		test -f outputs/eval/$$run/summary.json || \
+		$(PY) evaluate.py ckpt=outputs/train/$$run/final $(ABLATION_EVAL) run_name=$$run || exit 1; \
+	done
+	@# groups in the order given: 1 in-batch, 2 question, 3 document, 4 margin, 5 distill, 6 posfilter, 7 zero-shot
+	$(PY) -m care.evaluation.compare $(SIGNALS_EVALS) outputs/eval/signals-zeroshot --a 1 --b 7 --out outputs/compare/signals-inbatch
+	$(PY) -m care.evaluation.compare $(SIGNALS_EVALS) --a 2 --b 1 --out outputs/compare/signals-question
+	$(PY) -m care.evaluation.compare $(SIGNALS_EVALS) --a 3 --b 2 --out outputs/compare/signals-document
+	$(PY) -m care.evaluation.compare $(SIGNALS_EVALS) --a 4 --b 3 --out outputs/compare/signals-margin
+	$(PY) -m care.evaluation.compare $(SIGNALS_EVALS) --a 5 --b 4 --out outputs/compare/signals-distill
+	$(PY) -m care.evaluation.compare $(SIGNALS_EVALS) --a 6 --b 3 --out outputs/compare/signals-posfilter
+	$(PY) train.py run_name=$(MRL_RUN) 'loss.matryoshka_dims=[256,128,64]'
+	for run in $(notdir $(TRAIN_RUN)) $(MRL_RUN); do for d in 384 128; do \
+		test -f outputs/eval/signals-$$run-$$d/summary.json || \
+		$(PY) evaluate.py ckpt=outputs/train/$$run/final $(ABLATION_EVAL) truncate_dim=$$d \
+			run_name=signals-$$run-$$d || exit 1; \
+	done; done
+	$(PY) -m care.evaluation.compare $(foreach r,$(notdir $(TRAIN_RUN)) $(MRL_RUN),$(foreach d,384 128,outputs/eval/signals-$(r)-$(d))) \
+		--a 4 --b 2 --out outputs/compare/signals-matryoshka  # at 128-d: Matryoshka-trained over plain, both cut
 
 # The search stages at 226,000 texts and a cost model to 1M / 10M (README "Scale"); minutes, not part of
 # `make bench`.  Needs the import stage's text store (built here when missing).

@@ -92,6 +92,8 @@ def model_entries(cfg: dict) -> list[dict]:
     else:
         entries = [{"name": cfg["model"]["name"], "label": cfg["model"].get("label", cfg["model"]["name"]),
                     "model": cfg["model"]}]
+    if cfg.get("truncate_dim"):
+        entries = [cut_entry(e, int(cfg["truncate_dim"])) for e in entries]
     for name in cfg.get("baselines") or []:
         if name == "bm25":
             entries.append({"name": "bm25", "label": "BM25 (bm25s + jieba)", "bm25": True, "baseline": True})
@@ -104,6 +106,17 @@ def model_entries(cfg: dict) -> list[dict]:
         entries.append({"name": name, "label": f"{model.get('label', name)} [zero-shot baseline]", "model": model,
                         "baseline": True})
     return entries
+
+
+def cut_entry(entry: dict, dim: int) -> dict:
+    """A model under test scored on the first `dim` coordinates of its dense vectors (truncate_dim=: the
+    project's Matryoshka convention, normalised at full width and not re-normalised; care/encoders/m3.py)."""
+    model = entry["model"]
+    if model.get("kind") == "care":
+        raise ValueError(f"truncate_dim={dim}: a CARE model's document vectors are already cut to its query "
+                         "tower's width; cut a one-encoder model (kind dense or m3)")
+    return {**entry, "name": f"{entry['name']}@{dim}d", "label": f"{entry['label']} @ {dim}-d",
+            "model": {**model, "truncate_dim": dim}}
 
 
 def check_model_folders(entries: list[dict], cfg: dict) -> None:
@@ -143,7 +156,7 @@ def _same_path(a: str, b: str | None) -> bool:
 
 
 def _identity(model: dict) -> tuple:
-    return tuple(str(model.get(k)) for k in ("kind", "path", "pooling", "query_prefix", "doc_prefix"))
+    return tuple(str(model.get(k)) for k in ("kind", "path", "pooling", "query_prefix", "doc_prefix", "truncate_dim"))
 
 
 def build_scorer(entry: dict, cfg: dict, cache: EmbeddingCache):
@@ -198,7 +211,7 @@ def evaluate_model(entry: dict, scorer, loaded: list[tuple], cfg: dict, out: Pat
         for key, value in averages(bench, primary).items():
             scores[f"{bench.name}/{key}"] = value
     return {"name": entry["name"], "label": entry["label"], "fingerprint": scorer.fingerprint,
-            "model_path": entry.get("model", {}).get("path"),
+            "model_path": entry.get("model", {}).get("path"), "truncate_dim": entry.get("model", {}).get("truncate_dim"),
             "baseline": bool(entry.get("baseline")), "scores": scores, "methods": details, "items": by_cell}
 
 

@@ -5,9 +5,7 @@ from __future__ import annotations
 import copy
 import hashlib
 import json
-from collections.abc import Sequence
-
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 from hydra import compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra

@@ -1,4 +1,6 @@
 """`python -m data_pipeline` runs every stage in order on the configured data; `stage=NAME` runs one.
+A stage of ON_REQUEST (score: a teacher's scores for distillation, which needs `teacher=...`) runs only when
+named, never as part of `stage=all`.
 
 Each stage is a module with `run(cfg) -> dict` (its stats) and `summary(stats) -> str` (one line of what it
 produced, for the table printed at the end); stages read and write documented files under `cfg.data_dir`,
@@ -26,8 +28,10 @@ STAGES = {
     "mine": "data_pipeline.mining",               # FAISS hard negatives in the encoder's window
     "benchmarks": "data_pipeline.benchmarks",     # open stand-in evaluation task files
     "nano": "data_pipeline.nano.stage",           # Nano-style splits: 200 queries, 10K docs, candidate lists
+    "score": "data_pipeline.score",               # a teacher's pair scores (on request: needs teacher=...)
 }
-ORDER = list(STAGES)
+ON_REQUEST = ("score",)  # not part of stage=all
+ORDER = [name for name in STAGES if name not in ON_REQUEST]
 
 
 @hydra.main(config_path=str(CONF_DIR), config_name="data_pipeline", version_base="1.3")
@@ -35,7 +39,8 @@ def main(cfg: DictConfig) -> None:
     names = ORDER if cfg.stage == "all" else [cfg.stage]
     unknown = [n for n in names if n not in STAGES]
     if unknown:
-        print(f"{APP}: error: unknown stage '{unknown[0]}' (choose one of {', '.join(ORDER)} or all)", file=sys.stderr)
+        print(f"{APP}: error: unknown stage '{unknown[0]}' (choose one of {', '.join(STAGES)}, or all: "
+              f"{', '.join(ORDER)} in that order)", file=sys.stderr)
         sys.exit(1)
     rows = []
     for name in names:

@@ -18,10 +18,12 @@ an evaluation set only uses as candidates or corpus entries may stay.  An exampl
 dropped; a leaking positive is dropped from its example (and the example with it when no positive is
 left).  The counts "after" are recomputed from scratch on what is kept, not assumed.
 
-`export_flag` writes the id-based training files as FlagEmbedding's {"query", "pos", "neg", "neg_scores"}.
+`export_flag` writes the id-based training files as FlagEmbedding's {"query", "pos", "neg"}, plus
+"pos_scores" / "neg_scores" from teacher scores only (its docstring).
 """
 from __future__ import annotations
 
+import math
 import random
 import time
 from dataclasses import dataclass
@@ -124,21 +126,58 @@ def collect_eval_sets(input_dir: Path, specs: list[dict], texts: dict[str, str])
 
 # ---- FlagEmbedding export ----------------------------------------------------------------------------
 
+TEACHER = {"teacher_pos_scores": ("pos_scores", "pos_ids"), "teacher_neg_scores": ("neg_scores", "neg_ids")}
+
+
+def _teacher_scores(ex: dict, train_path, line: int, teacher: bool) -> dict:
+    """FlagEmbedding's {"pos_scores", "neg_scores"} from the row's teacher fields, checked: both present on
+    every row or on none (a file mixing them cannot be read with distillation on), one number per id."""
+    present = [f for f in TEACHER if f in ex]
+    if teacher and len(present) < len(TEACHER):
+        missing = next(f for f in TEACHER if f not in ex)
+        raise DataError(train_path, line, missing, "missing: the first line carries teacher scores "
+                        "(teacher_pos_scores and teacher_neg_scores), so every line must")
+    if not teacher and present:
+        raise DataError(train_path, line, present[0], "teacher scores on some lines only: the first line has "
+                        "none (teacher_pos_scores and teacher_neg_scores go on every line or on none)")
+    out = {}
+    for field, (flag_field, ids) in TEACHER.items() if teacher else ():
+        scores = ex[field]
+        if not isinstance(scores, list) or len(scores) != len(ex[ids]):
+            got = f"{len(scores)} scores" if isinstance(scores, list) else f"a {type(scores).__name__}"
+            raise DataError(train_path, line, field, f"{got} for {len(ex[ids])} {ids}: one score per id")
+        if not all(isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+                   for x in scores):
+            raise DataError(train_path, line, field, "every teacher score must be a finite number")
+        out[flag_field] = scores
+    return out
+
+
 def export_flag(train_path: str | Path, texts_path: str | Path, out_path: str | Path) -> int:
-    """The id-based training file as FlagEmbedding's JSON Lines {"query", "pos", "neg", "neg_scores"}.
-    Texts are inlined (what FlagEmbedding reads), so this file is ~50x the id-based one."""
+    """The id-based training file as FlagEmbedding's JSON Lines {"query", "pos", "neg"}, texts inlined (what
+    FlagEmbedding reads, so this file is ~50x the id-based one).
+
+    FlagEmbedding reads "pos_scores" / "neg_scores" as TEACHER scores when distillation is on
+    (knowledge_distillation=True: its AbsEmbedderTrainDataset then needs both).  So they are written only
+    from the training file's teacher fields, "teacher_pos_scores" / "teacher_neg_scores" (aligned with
+    pos_ids / neg_ids; written by the teacher-scoring stage, data_pipeline/score.py), and never from the
+    miner's similarities (the training file's own pos_scores / neg_scores, data_pipeline/mining.py).  A file
+    without teacher fields exports no score field at all.  Teacher fields go on every line or on none, one
+    score per id: anything else is a DataError naming file, line and field."""
     texts = read_text_store(texts_path)
 
     def rows():
-        required = ("query_id", "pos_ids", "neg_ids", "neg_scores")
-        for line, ex in read_jsonl_numbered(train_path, required):
+        teacher = None
+        for line, ex in read_jsonl_numbered(train_path, ("query_id", "pos_ids", "neg_ids")):
             for fld in ("query_id", "pos_ids", "neg_ids"):
                 for tid in ex[fld] if isinstance(ex[fld], list) else [ex[fld]]:
                     if tid not in texts:
                         raise DataError(train_path, line, fld,
                                         f"unknown text id {tid!r} (not in {texts_path})")
+            if teacher is None:
+                teacher = any(f in ex for f in TEACHER)
             yield {"query": texts[ex["query_id"]], "pos": [texts[i] for i in ex["pos_ids"]],
-                   "neg": [texts[i] for i in ex["neg_ids"]], "neg_scores": ex["neg_scores"]}
+                   "neg": [texts[i] for i in ex["neg_ids"]], **_teacher_scores(ex, train_path, line, teacher)}
 
     return write_jsonl(out_path, rows())
 

@@ -10,13 +10,17 @@ first, with their scores (rounded to 6 decimals before the window test, so a sto
 one tested).  Examples with fewer than min_negatives in the window are filled up by the fallback (nearest
 candidates below lo, then random ones below hi), and the number filled is stored per example.
 
-The rule, read as a walk down one example's neighbours in descending score order: skip a neighbour
-scoring >= hi; take each usable candidate it offers (not excluded, not yet taken) until max_negatives
-lie in the window; stop at the first neighbour below lo once the window and the candidates taken below
-lo together reach min_negatives.  `PoolMiner.mine_all` computes that walk for every example at once on
-the top-K matrix (numpy), because a Python loop over every neighbour cost about as much again as the
-FAISS search itself (bench/mining_bench.py, `mining_over_raw_search`).  Because the scores fall along a
-row, the walk's outcome is a prefix of the row's usable candidates: the first min(in window,
+An optional per-example cap (stage "mine"'s positive-aware rules, conf/pipeline/mine.yaml: a margin below
+the example's positive, or a fixed max_score) lowers the window's top for that example: a candidate is
+usable for example i only when its score is < hi and <= cap[i], in the window and in both fallbacks.
+
+The rule, read as a walk down one example's neighbours in descending score order: skip a neighbour scoring
+>= hi (or above the example's cap); take each usable candidate it offers (not excluded, not yet taken)
+until max_negatives lie in the window; stop at the first neighbour below lo once the window and the
+candidates taken below lo together reach min_negatives.  `PoolMiner.mine_all` computes that walk for every
+example at once on the top-K matrix (numpy), because a Python loop over every neighbour cost about as much
+again as the FAISS search itself (bench/mining_bench.py, `mining_over_raw_search`).  Because the scores
+fall along a row, the walk's outcome is a prefix of the row's usable candidates: the first min(in window,
 max_negatives) in the window, then (only when the window holds fewer than min_negatives) the first ones
 below lo.  Only the random fallback, rare, stays a per-example loop, since it consumes one shared
 random.Random in example order.
@@ -186,33 +190,56 @@ class PoolMiner:
     # ---- the selection for all examples ---------------------------------------------------------------
     def mine_all(self, scores: np.ndarray, neighbours: np.ndarray, all_scores: Callable[[int], np.ndarray],
                  lo: float, hi: float, max_neg: int, min_neg: int, fallback: list[str],
-                 rng: random.Random) -> list[Mined]:
+                 rng: random.Random, cap: np.ndarray | None = None) -> list[Mined]:
         """Every example's negatives, given the FAISS top-K (`scores`, `neighbours`: row i is example i's,
         descending scores, -1 = none) and `all_scores(i)`, example i's similarity to every candidate (only
         computed when the random fallback is needed).  Scores are rounded to 6 decimals before the window
-        test, so the stored score is the one tested.  The random fallback draws from `rng` example by
-        example in row order, so a run is reproducible from the seed.  Rows go _ROWS at a time, so the
-        temporaries stay a few times the size of that many rows of the top-K, whatever the pool's size."""
+        test, so the stored score is the one tested.  `cap` (one float per example, None: none) lowers an
+        example's top: a score above cap[i] is skipped like one >= hi, by the fallback too.  The random
+        fallback draws from `rng` example by example in row order, so a run is reproducible from the seed.
+        Rows go _ROWS at a time, so the temporaries stay a few times the size of that many rows of the
+        top-K, whatever the pool's size."""
         S = np.asarray(scores)
         N = np.asarray(neighbours, np.int64)
+        C = np.full(len(S), np.inf) if cap is None else np.asarray(cap, np.float64)
+        if C.shape != (len(S),):
+            raise ValueError(f"mine_all needs one cap per example: {C.shape} for {len(S)} examples")
         out: list[Mined] = []
         for r0 in range(0, len(S), _ROWS):
             out += self._mine_rows(r0, S[r0:r0 + _ROWS], N[r0:r0 + _ROWS], all_scores, lo, hi, max_neg,
-                                   min_neg, fallback, rng)
+                                   min_neg, fallback, rng, C[r0:r0 + _ROWS])
+        return out
+
+    def count_above(self, scores: np.ndarray, neighbours: np.ndarray, lo: float, hi: float,
+                    caps: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """Per cap (name -> one float per example) and example: how many of its usable top-K candidates in
+        [lo, hi) score above the cap, i.e. what that cap alone removes from the window (stats.json).
+        Usable as in mine_all: not excluded, an id counted once per example."""
+        S, N = np.asarray(scores), np.asarray(neighbours, np.int64)
+        out = {name: np.zeros(len(S), np.int64) for name in caps}
+        for r0 in range(0, len(S), _ROWS):
+            R = np.round(S[r0:r0 + _ROWS].astype(np.float64), 6)
+            n = len(R)
+            items = self._scan(R, N[r0:r0 + _ROWS], r0, np.arange(n), (R >= hi).sum(1), (R >= lo).sum(1))
+            for name, cap in caps.items():
+                above = items.score > np.asarray(cap, np.float64)[r0 + items.row]
+                out[name][r0:r0 + n] = np.bincount(items.row[above], minlength=n)
         return out
 
     def _mine_rows(self, r0: int, S: np.ndarray, N: np.ndarray, all_scores, lo: float, hi: float,
-                   max_neg: int, min_neg: int, fallback: list[str], rng: random.Random) -> list[Mined]:
-        """mine_all for examples r0, r0 + 1, ... (the rows of S and N).  First a band of each row, from its
-        first score below hi to where an example with few exclusions is settled (_SLACK); the rows it did
-        not settle are scanned again to their end."""
+                   max_neg: int, min_neg: int, fallback: list[str], rng: random.Random,
+                   cap: np.ndarray) -> list[Mined]:
+        """mine_all for examples r0, r0 + 1, ... (the rows of S and N, cap).  First a band of each row, from
+        its first usable score (below hi, not above the cap) to where an example with few exclusions is
+        settled (_SLACK); the rows it did not settle are scanned again to their end."""
         n, k = S.shape
         if k > 1 and (S[:, 1:] > S[:, :-1]).any():
             raise ValueError("mine_all needs each row's scores in descending order (as a FAISS k-NN search "
                              "returns them)")
         R = np.round(S.astype(np.float64), 6)
-        a = (R >= hi).sum(1)  # positions [0, a) score >= hi: skipped
-        b = (R >= lo).sum(1)  # positions [a, b): the window
+        # Positions [0, a) score >= hi or above the row's cap: skipped (both a prefix, as scores descend).
+        a = np.maximum((R >= hi).sum(1), (R > cap[:, None]).sum(1))
+        b = np.maximum((R >= lo).sum(1), a)  # positions [a, b): the window (empty when the cap is below lo)
         stop = np.minimum(k, np.minimum(a + max(max_neg, 0) + _SLACK, b + max(min_neg, 0) + _SLACK))
         first = self._pick(self._scan(R, N, r0, np.arange(n), a, stop), n, lo, max_neg, min_neg, fallback)
         # Settled within the band: the window is full, or it was scanned whole and either enough below lo
@@ -232,7 +259,8 @@ class PoolMiner:
             for r in [r for r, m in enumerate(out) if len(m.neg_ids) < min_neg]:
                 # In row order: the shared rng makes the same draws as a walk example by example.
                 p, at = (first, r) if where[r] < 0 else (second, int(where[r]))
-                self._random_fill(r0 + r, out[r], p, at, all_scores, hi, max_neg, min_neg, rng)
+                self._random_fill(r0 + r, out[r], p, at, all_scores, hi, float(cap[r]), max_neg, min_neg,
+                                  rng)
         return out
 
     def _assemble(self, p: dict) -> list[Mined]:
@@ -262,11 +290,11 @@ class PoolMiner:
                 "count": in_window + extra, "start": np.cumsum(n_all) - n_all,
                 "sel_slot": items.slot[sel], "sel_score": items.score[sel]}
 
-    def _random_fill(self, i: int, mined: Mined, p: dict, r: int, all_scores, hi: float, max_neg: int,
-                     min_neg: int, rng: random.Random) -> None:
-        """Fill example i up to min_negatives with random candidates below hi, never one the walk took
-        (window or below lo, stored or not) nor an excluded one; the draws are one rng.shuffle of the
-        candidates' indices, as in the walk this replaces."""
+    def _random_fill(self, i: int, mined: Mined, p: dict, r: int, all_scores, hi: float, cap: float,
+                     max_neg: int, min_neg: int, rng: random.Random) -> None:
+        """Fill example i up to min_negatives with random candidates below hi and not above its cap, never
+        one the walk took (window or below lo, stored or not) nor an excluded one; the draws are one
+        rng.shuffle of the candidates' indices, as in the walk this replaces."""
         items, start = p["items"], int(p["start"][r])
         names, slots = self.names, items.slot[start:start + int(p["n_w"][r] + p["n_b"][r])]
         tids = self.slot_tid[slots].tolist()
@@ -284,7 +312,7 @@ class PoolMiner:
                 taken += 1
         excluded = set(self.excl_nid[self.excl_ptr[i]:self.excl_ptr[i + 1]].tolist()) | {self.n_texts}
         sims = np.round(all_scores(i).astype(np.float64), 6)
-        order = np.flatnonzero(sims < hi).tolist()
+        order = np.flatnonzero((sims < hi) & (sims <= cap)).tolist()
         rng.shuffle(order)
         if self._lists is None:  # plain lists: this loop reads them one element at a time
             self._lists = self.slot_ptr.tolist(), self.slot_tid.tolist(), self.slot_nid.tolist()

@@ -62,41 +62,56 @@ def test_bad_inputs(import_dir, tmp_path):
     assert not (tmp_path / "build").exists()  # a refused run writes nothing
 
 
-@pytest.fixture
-def flag_files(import_dir, tmp_path) -> tuple[list[dict], Path, Path]:
-    """Id-based training rows over the build stage's texts (negatives: other examples' positives), and
-    their FlagEmbedding export."""
-    build.run(compose(import_dir, tmp_path))
+def training_rows(import_dir, tmp_path, teacher: bool) -> tuple[list[dict], Path]:
+    """Id-based training rows over the build stage's texts (negatives: other examples' positives) as the
+    mine stage writes them (the miner's pos_scores / neg_scores), with the teacher-scoring stage's
+    teacher_pos_scores / teacher_neg_scores when `teacher`; and the text store."""
     out = tmp_path / "build"
+    if not (out / "examples.jsonl").exists():
+        build.run(compose(import_dir, tmp_path))
     examples = rows(out / "examples.jsonl")[:50]
     pool = [p for e in examples for p in e["pos_ids"]]
     train = []
     for i, e in enumerate(examples):
         negs = [p for p in pool[i : i + 12] if p not in e["pos_ids"]][:9]
-        train.append(
-            {
-                "query_id": e["query_id"],
-                "pos_ids": e["pos_ids"],
-                "neg_ids": negs,
-                "neg_scores": [round(0.5 + k / 100, 3) for k in range(len(negs))],
-            }
-        )
-    (tmp_path / "train.jsonl").write_text("".join(json.dumps(t) + "\n" for t in train), encoding="utf-8")
-    n = build.export_flag(tmp_path / "train.jsonl", out / "texts.jsonl", tmp_path / "flag.jsonl")
+        row = {"query_id": e["query_id"], "pos_ids": e["pos_ids"], "pos_scores": [0.9] * len(e["pos_ids"]),
+               "neg_ids": negs, "neg_scores": [round(0.5 + k / 100, 3) for k in range(len(negs))]}
+        if teacher:  # distinct per position, unlike the miner's, so a mix-up shows
+            row["teacher_pos_scores"] = [round(9.0 + i / 100 + k / 1000, 4) for k in range(len(e["pos_ids"]))]
+            row["teacher_neg_scores"] = [round(-1.0 - i / 100 - k / 1000, 4) for k in range(len(negs))]
+        train.append(row)
+    return train, out / "texts.jsonl"
+
+
+def write_train(path: Path, train: list[dict]) -> Path:
+    path.write_text("".join(json.dumps(t) + "\n" for t in train), encoding="utf-8")
+    return path
+
+
+@pytest.fixture(params=[False, True], ids=["miner", "teacher"])
+def flag_files(import_dir, tmp_path, request) -> tuple[list[dict], Path, Path]:
+    """Training rows (without and with teacher scores) and their FlagEmbedding export."""
+    train, texts_path = training_rows(import_dir, tmp_path, request.param)
+    n = build.export_flag(write_train(tmp_path / "train.jsonl", train), texts_path, tmp_path / "flag.jsonl")
     assert n == len(train)
-    return train, out / "texts.jsonl", tmp_path / "flag.jsonl"
+    return train, texts_path, tmp_path / "flag.jsonl"
 
 
 def test_flag_export_round_trip(flag_files, tmp_path):
-    """Id-based examples -> FlagEmbedding JSON Lines -> back to ids."""
+    """Id-based examples -> FlagEmbedding JSON Lines -> back to ids.  FlagEmbedding's pos_scores /
+    neg_scores (teacher scores to it) come from the teacher fields only, never from the miner's."""
     train, texts_path, flag_path = flag_files
     flag = rows(flag_path)
-    assert len(flag) == len(train) and all(set(f) == {"query", "pos", "neg", "neg_scores"} for f in flag)
+    teacher = "teacher_neg_scores" in train[0]
+    keys = {"query", "pos", "neg"} | ({"pos_scores", "neg_scores"} if teacher else set())
+    assert len(flag) == len(train) and all(set(f) == keys for f in flag)
     ids_of = defaultdict(set)
     for r in rows(texts_path):
         ids_of[r["text"]].add(r["id"])
     for t, f in zip(train, flag):
-        assert t["query_id"] in ids_of[f["query"]] and f["neg_scores"] == t["neg_scores"]
+        assert t["query_id"] in ids_of[f["query"]]
+        if teacher:
+            assert f["pos_scores"] == t["teacher_pos_scores"] and f["neg_scores"] == t["teacher_neg_scores"]
         for side in ("pos", "neg"):
             assert len(f[side]) == len(t[f"{side}_ids"])
             assert all(i in ids_of[x] for i, x in zip(t[f"{side}_ids"], f[side]))
@@ -107,23 +122,74 @@ def test_flag_export_round_trip(flag_files, tmp_path):
     assert not (tmp_path / "flag2.jsonl").exists()
 
 
-@pytest.mark.slow  # importing FlagEmbedding takes ~15 s here
-def test_flagembedding_reads_the_export(flag_files, tmp_path):
-    """FlagEmbedding's own training dataset loads the file and samples 1 positive + negatives from it."""
-    from FlagEmbedding.abc.finetune.embedder.AbsArguments import AbsEmbedderDataArguments
-    from FlagEmbedding.abc.finetune.embedder.AbsDataset import AbsEmbedderTrainDataset
+def test_flag_export_teacher_fields_checked(import_dir, tmp_path):
+    """Teacher scores: one per id, numbers, on every line or on none; else a DataError naming file, line
+    and field, and no export."""
+    train, texts_path = training_rows(import_dir, tmp_path, teacher=True)
+    plain = [{k: v for k, v in t.items() if not k.startswith("teacher_")} for t in train]
+    n_pos = len(train[0]["pos_ids"])
+    cases = {
+        "short": (train[:2] + [{**train[2], "teacher_neg_scores": train[2]["teacher_neg_scores"][:-1]}],
+                  r"short.jsonl, line 3, field 'teacher_neg_scores': 8 scores for 9 neg_ids"),
+        "pos": ([{**train[0], "teacher_pos_scores": [1.0, 2.0, 3.0]}],
+                rf"pos.jsonl, line 1, field 'teacher_pos_scores': 3 scores for {n_pos} pos_ids"),
+        "text": (train[:1] + [{**train[1], "teacher_pos_scores": ["high"] * len(train[1]["pos_ids"])}],
+                 r"text.jsonl, line 2, field 'teacher_pos_scores': every teacher score must be a finite"),
+        "later_missing": (train[:3] + plain[3:5],
+                          r"later_missing.jsonl, line 4, field 'teacher_pos_scores': missing: the first"),
+        "half": (train[:1] + [{k: v for k, v in train[1].items() if k != "teacher_neg_scores"}],
+                 r"half.jsonl, line 2, field 'teacher_neg_scores': missing"),
+        "later_present": (plain[:2] + train[2:3],
+                          r"later_present.jsonl, line 3, field 'teacher_pos_scores': teacher scores on some"),
+    }
+    for name, (lines, message) in cases.items():
+        path = write_train(tmp_path / f"{name}.jsonl", lines)
+        with pytest.raises(DataError, match=message):
+            build.export_flag(path, texts_path, tmp_path / f"{name}.flag.jsonl")
+        assert not (tmp_path / f"{name}.flag.jsonl").exists(), name
 
-    _, _, flag_path = flag_files
+
+@pytest.mark.slow  # importing FlagEmbedding takes ~15 s here
+def test_flagembedding_reads_the_export(flag_files, tiny_bert_dir, tmp_path):
+    """FlagEmbedding's own training dataset loads the file and samples 1 positive + negatives from it;
+    with teacher fields, under knowledge_distillation=True, the teacher scores it hands the trainer (per
+    item, and batched by its collator) are the exported ones of the passages drawn.  Without teacher
+    fields distillation refuses the file: the miner's similarities are not teacher scores."""
+    from FlagEmbedding.abc.finetune.embedder.AbsArguments import AbsEmbedderDataArguments
+    from FlagEmbedding.abc.finetune.embedder.AbsDataset import AbsEmbedderCollator, AbsEmbedderTrainDataset
+    from transformers import AutoTokenizer
+
+    train, _, flag_path = flag_files
+    teacher = "teacher_neg_scores" in train[0]
     flag = rows(flag_path)
-    args = AbsEmbedderDataArguments(
-        train_data=[str(flag_path)], cache_path=str(tmp_path / "hf"), train_group_size=4
-    )
-    dataset = AbsEmbedderTrainDataset(args, tokenizer=None)
-    assert len(dataset) == len(flag)
-    for i in (0, 3, len(flag) - 1):
-        query, passages, _ = dataset[i]
+    tokenizer = AutoTokenizer.from_pretrained(tiny_bert_dir)
+
+    def dataset(distil: bool):
+        args = AbsEmbedderDataArguments(train_data=[str(flag_path)], train_group_size=4,
+                                        cache_path=str(tmp_path / f"hf-{distil}"),
+                                        knowledge_distillation=distil)
+        return AbsEmbedderTrainDataset(args, tokenizer=tokenizer)
+
+    if not teacher:
+        with pytest.raises(ValueError, match="`pos_scores` and `neg_scores` not found"):
+            dataset(True)
+    data = dataset(teacher)
+    assert len(data) == len(flag)
+    picked = (0, 3, len(flag) - 1)
+    items = [data[i] for i in picked]
+    for i, (query, passages, scores) in zip(picked, items):
         assert query == flag[i]["query"] and passages[0] in flag[i]["pos"]
         assert len(passages) == 4 and set(passages[1:]) <= set(flag[i]["neg"])
+        if not teacher:
+            assert scores is None
+            continue
+        score_of = {**dict(zip(flag[i]["neg"], train[i]["teacher_neg_scores"])),
+                    **dict(zip(flag[i]["pos"], train[i]["teacher_pos_scores"]))}
+        assert scores == [score_of[p] for p in passages]
+    collator = AbsEmbedderCollator(tokenizer=tokenizer, query_max_len=16, passage_max_len=32,
+                                   padding="max_length")
+    batch = collator(items)
+    assert batch["teacher_scores"] == ([s for _, _, item in items for s in item] if teacher else None)
 
 
 def test_config_names_what_the_import_stage_reads():

@@ -207,3 +207,49 @@ def test_pairs_mode_on_human_labels(tmp_path, tiny_bert_dir, shared):
         assert res["suggested_thresholds"]["calibrated_for"] == "tiny_bert"
     else:
         assert res["no_suggestion_because"]
+
+
+def _candidate_lists(root: Path, texts: list[str], lists: int = 12, per_list: int = 6) -> list[tuple]:
+    """An import stage's texts.jsonl and candidates.jsonl: `lists` dev lists of a query and `per_list` real
+    candidate texts, the first relevant (and one train list, which qa_sources leaves out)."""
+    (root / "import").mkdir(parents=True)
+    store, rows, truth = {}, [], []
+    for k in range(lists + 1):
+        q, *cands = texts[k * (per_list + 1):(k + 1) * (per_list + 1)]
+        store[f"q{k}"] = q
+        for j, c in enumerate(cands):
+            store[f"a{k}.{j}"] = c
+            if k < lists:
+                truth.append((q, c, int(j == 0)))
+        rows.append({"id": f"l{k}", "source": "cepilepsyqa", "split": "dev" if k < lists else "train",
+                     "query_id": f"q{k}", "candidates": [{"id": f"a{k}.{j}", "label": int(j == 0)}
+                                                         for j in range(len(cands))]})
+    for name, items in (("texts", [{"id": i, "text": t} for i, t in store.items()]), ("candidates", rows)):
+        (root / "import" / f"{name}.jsonl").write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in items),
+                                                       encoding="utf-8")
+    return truth
+
+
+def test_qa_mode_on_labelled_candidate_lists(tmp_path, tiny_bert_dir):
+    """mode=qa: the document-mode window from labelled (question, candidate answer) lists, each pair's cosine
+    query side vs document side, binned against a brute-force re-derivation; keys mine_doc_lo / mine_doc_hi."""
+    texts = random.Random(1).sample([t for t in shared_texts() if len(t) < 60], 13 * 7)
+    truth = _candidate_lists(tmp_path, texts)
+    cfg = _cfg(tmp_path, tiny_bert_dir, "dedup.calibrate.mode=qa", "dedup.calibrate.edges=[-1.0,0.5,0.8,0.9,1.0]")
+    res = calibrate.run(cfg)
+    assert res["pairs"] == len(truth) == 12 * 6 and res["lists"] == 12
+    enc = build_encoder(cfg.model)
+    q = enc.encode_queries([t[0] for t in truth]).dense
+    d = enc.encode_documents([t[1] for t in truth]).dense
+    cos = (q * d).sum(1) / np.linalg.norm(q, axis=1) / np.linalg.norm(d, axis=1)
+    for k, row in enumerate(res["table"]):
+        sel = [t[2] for t, c in zip(truth, cos) if ref_interval(c, list(cfg.dedup.calibrate.edges)) == k]
+        assert row["pairs"] == len(sel) and row["positives"] == sum(sel)
+    th = res["suggested_thresholds"]
+    if th:
+        assert set(th) == {"mine_doc_lo", "mine_doc_hi", "how_doc"} and th["mine_doc_lo"] < th["mine_doc_hi"]
+    else:
+        assert res["no_suggestion_because"]
+    with pytest.raises(DataError, match="no candidate list"):
+        calibrate.run(_cfg(tmp_path, tiny_bert_dir, "dedup.calibrate.mode=qa",
+                           "~dedup.calibrate.qa_sources.cepilepsyqa"))

@@ -97,3 +97,37 @@ def test_recipe_group_ignores_seed_and_run_settings_only():
     assert recipe_group(base) == recipe_group({**base, "seed": 3, "run_name": "b",
                                                "trainer": {"lr": 1e-5, "log_every": 99}})
     assert recipe_group(base) != recipe_group({**base, "trainer": {"lr": 2e-5, "log_every": 10}})
+
+
+def test_runs_on_different_training_files_are_different_groups(tmp_path):
+    """data.dir is a run setting (left out of the recipe), but which training file a run read changes the
+    weights: runs alike but for their file's content are two groups, labelled by the file; one file at two
+    paths (same digest) is one group."""
+    rng = np.random.default_rng(1)
+    models = {}
+    for name, examples, digest in [("window-s0", "data/train/train.jsonl", "aa"),
+                                   ("window-s1", "elsewhere/train/train.jsonl", "aa"),
+                                   ("margin-s0", "data/mined/margin/train.jsonl", "bb")]:
+        folder = _model(tmp_path, name, 4, int(name[-1]), 10)
+        record = json.loads((folder / "care_training.json").read_text())
+        record["lineage"] = {"training_files": {"examples": examples, "examples_digest": digest}}
+        (folder / "care_training.json").write_text(json.dumps(record))
+        models[name] = (folder, 0.0)
+    run, _ = _run(tmp_path, "eval", models, rng)
+    found = compare([run])["groups"]
+    assert [g["runs"] for g in found] == [2, 1]
+    assert found[0]["label"] == "training_data=data/train/train.jsonl"
+    assert found[1]["label"] == "training_data=data/mined/margin/train.jsonl"
+
+
+def test_one_model_scored_whole_and_cut_is_two_groups(tmp_path):
+    """evaluate.py truncate_dim=D rows (summary "truncate_dim") are not seeds of the whole model's recipe."""
+    rng = np.random.default_rng(2)
+    folder = _model(tmp_path, "mrl", 1, 0, 10)
+    whole, _ = _run(tmp_path, "whole", {"mrl": (folder, 0.0)}, rng)
+    cut, _ = _run(tmp_path, "cut", {"mrl": (folder, -0.1)}, rng)
+    summary = json.loads((cut / "summary.json").read_text())
+    summary["models"][0]["truncate_dim"] = 128
+    (cut / "summary.json").write_text(json.dumps(summary))
+    found = compare([whole, cut])["groups"]
+    assert [g["label"] for g in found] == ["scored_at_dim=-", "scored_at_dim=128"]

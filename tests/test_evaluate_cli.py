@@ -141,3 +141,19 @@ def test_cli_reports_missing_benchmark_data_without_a_traceback(tmp_path, tiny_b
                          check=False, cwd=PROJECT_ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert run.returncode == 1
     assert "error: benchmark cmedteb: no data for 5 task(s)" in run.stderr and "Traceback" not in run.stderr
+
+
+def test_truncate_dim_cuts_the_models_under_test_not_the_baselines():
+    """evaluate.py truncate_dim=D: the model under test becomes its own D-d row (a separate cache entry), the
+    zero-shot baseline of the same folder stays whole and stays a row of its own; CARE is refused."""
+    from omegaconf import OmegaConf
+
+    import evaluate
+
+    cfg = OmegaConf.to_container(load_config("evaluate", ["truncate_dim=128", "baselines=[me5_small]"]), resolve=True)
+    rows = evaluate.model_entries(cfg)
+    assert [(r["name"], r["model"].get("truncate_dim")) for r in rows] == [("me5_small@128d", 128), ("me5_small", None)]
+    care = OmegaConf.to_container(load_config("evaluate", ["truncate_dim=64", "model=care_tiny", "baselines=[]"]),
+                                  resolve=True)
+    with pytest.raises(ValueError, match="already cut to its query tower's width"):
+        evaluate.model_entries(care)

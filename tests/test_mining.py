@@ -10,7 +10,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from _mining_helpers import TOP_K, compose, load_rows
+from _mining_helpers import TOP_K, compose, load_rows, read_build
 
 from care.encoders import build_encoder
 from data_pipeline import mining
@@ -26,17 +26,7 @@ def reference(build_dir: Path, cfg, lo: float, hi: float, similarity: str):
     boundary (lo, hi or the k-th neighbour's score, where float differences may flip them), and the ids
     that may never be its negatives."""
     enc = build_encoder(cfg.model)
-    texts = {r["id"]: r["text"] for r in load_rows(build_dir / "texts.jsonl")}
-    examples = load_rows(build_dir / "examples.jsonl")
-    edges = load_rows(build_dir / "clusters.jsonl")
-    cluster = {}
-    for e in edges:  # the planted chain is one cluster
-        members = {e["kept_id"], *e["removed_ids"]}
-        for m in list(members):
-            members |= cluster.get(m, set())
-        for m in members:
-            cluster[m] = members
-    removed = {r for e in edges for r in e["removed_ids"]}
+    texts, examples, cluster, removed = read_build(build_dir)
     out = {}
     for pool in {e["pool"] for e in examples}:
         idx = [i for i, e in enumerate(examples) if e["pool"] == pool]

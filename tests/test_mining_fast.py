@@ -1,6 +1,7 @@
 """PoolMiner.mine_all (data_pipeline/negatives.py, the selection vectorised over the top-K matrix) gives
-exactly the Mined of the per-example walk it replaced, kept below as `_ReferenceMiner`: same ids, scores,
-fallback counts and in-window counts, and the same draws from the shared rng.  On the real subset of
+exactly the Mined of the per-example walk it replaced, kept as _mining_helpers.ReferenceWalk: same ids,
+scores, fallback counts and in-window counts, and the same draws from the shared rng, with and without
+per-example caps (the positive-aware rules).  On the real subset of
 conftest.py's `build_dir` (cEpilepsyQA answers and cMedQQ questions, with its planted dedup cluster and
 removed texts, a duplicate question, multi-positive and shared-positive examples), in both similarity
 modes, over windows and limits that leave the window full, trigger the `below` and the `random` fallback,
@@ -14,95 +15,13 @@ from collections import defaultdict
 import faiss
 import numpy as np
 import pytest
-from _mining_helpers import TOP_K, compose
+from _mining_helpers import TOP_K, ReferenceWalk, as_tuples, compose
 from omegaconf import OmegaConf
 
 from care.data.io import read_text_store
 from care.encoders import build_encoder
 from data_pipeline import mining, negatives
-from data_pipeline.dedup.normalize import Normalizer
-from data_pipeline.negatives import Mined, PoolMiner
-
-
-class _ReferenceMiner:
-    """data_pipeline/negatives.py's PoolMiner before the selection was vectorised, verbatim: a Python walk
-    down each example's neighbours (PoolMiner.mine_all must give exactly its output)."""
-
-    def __init__(self, examples: list[dict], texts: dict[str, str], cluster_of: dict[str, int],
-                 removed: set[str], similarity: str):
-        norm = Normalizer()
-        self.norm = {tid: norm(texts[tid]) for ex in examples for tid in [ex["query_id"], *ex["pos_ids"]]}
-        self.removed = removed
-        # Examples asking the same question: same query id, same normalised text, or same dedup cluster.
-        groups: dict[tuple, list[int]] = defaultdict(list)
-        for i, ex in enumerate(examples):
-            q = ex["query_id"]
-            for key in (("id", q), ("text", self.norm[q]), ("cluster", cluster_of.get(q))):
-                if key[1] is not None:
-                    groups[key].append(i)
-        same_question = [set() for _ in examples]
-        for members in groups.values():
-            for i in members:
-                same_question[i].update(members)
-        members_of = defaultdict(set)
-        for tid, c in cluster_of.items():
-            members_of[c].add(tid)
-        # Per example, what may never be its negative: every positive of an example asking the same
-        # question (its own included), every member of a positive's cluster, and their normalised texts.
-        self.excluded, self.excluded_text = [], []
-        for i, ex in enumerate(examples):
-            ids = {p for j in same_question[i] for p in examples[j]["pos_ids"]}
-            for p in ex["pos_ids"]:
-                ids |= members_of.get(cluster_of.get(p), set())
-            self.excluded.append(ids)
-            self.excluded_text.append({self.norm[p] for p in ids if p in self.norm})
-        if similarity == "question":
-            self.candidates = [ex["pos_ids"] for ex in examples]
-        else:
-            self.docs = list(dict.fromkeys(p for ex in examples for p in ex["pos_ids"] if p not in removed))
-            self.candidates = [[d] for d in self.docs]
-
-    def usable(self, i: int, tid: str) -> bool:
-        return (tid not in self.excluded[i] and tid not in self.removed
-                and self.norm.get(tid) not in self.excluded_text[i])
-
-    def mine(self, i: int, scores: np.ndarray, neighbours: np.ndarray, all_scores, lo: float, hi: float,
-             max_neg: int, min_neg: int, fallback: list[str], rng: random.Random) -> Mined:
-        """Example i, given its neighbours (descending scores; -1 = none) and `all_scores(i)`, its
-        similarity to every candidate (only computed when the random fallback is needed).  Scores are
-        rounded to 6 decimals before the window test, so the stored score is the one tested."""
-        window, below, seen = [], [], set()
-        for s, j in zip(np.round(scores.astype(np.float64), 6).tolist(), neighbours.tolist()):
-            if len(window) >= max_neg or (s < lo and len(window) + len(below) >= min_neg):
-                break  # scores only fall from here on: nothing further would be stored
-            if j < 0 or s >= hi:
-                continue
-            for tid in self.candidates[j]:
-                if tid not in seen and self.usable(i, tid) and len(window) < max_neg:
-                    seen.add(tid)
-                    (window if s >= lo else below).append((tid, s))
-        negs, in_window = window, len(window)
-        filled = 0
-        if len(negs) < min_neg and "below" in fallback:
-            extra = below[:min_neg - len(negs)]
-            negs, filled = negs + extra, filled + len(extra)
-        if len(negs) < min_neg and "random" in fallback:
-            sims = np.round(all_scores(i).astype(np.float64), 6)
-            order = np.flatnonzero(sims < hi).tolist()
-            rng.shuffle(order)
-            for j in order:
-                if len(negs) >= min_neg:
-                    break
-                for tid in self.candidates[j]:
-                    if len(negs) < min_neg and tid not in seen and self.usable(i, tid):
-                        seen.add(tid)
-                        negs.append((tid, float(sims[j])))
-                        filled += 1
-        return Mined([t for t, _ in negs], [s for _, s in negs], filled, in_window)
-
-
-def as_tuples(mined: list[Mined]) -> list[tuple]:
-    return [(m.neg_ids, m.neg_scores, m.fallback, m.in_window) for m in mined]
+from data_pipeline.negatives import PoolMiner
 
 
 @pytest.fixture(scope="module")
@@ -151,23 +70,35 @@ def limits(window):
             (lo, hi, 99, 40, []), (lo, hi, 0, 3, ["below", "random"]), (lo - 0.2, hi, 7, 9, ["random"])]
 
 
+def mixed_caps(scores: np.ndarray) -> np.ndarray:
+    """Per-example caps of every kind: one of the row's own (rounded) scores (a tie at the cap is kept),
+    just under one, +inf (no cap) and -1 (nothing usable, not even by the fallback)."""
+    R = np.round(scores.astype(np.float64), 6)
+    rng = np.random.default_rng(0)
+    cap = R[np.arange(len(R)), rng.integers(0, R.shape[1], len(R))]
+    kind = rng.integers(0, 5, len(R))
+    return np.select([kind == 1, kind == 2, kind == 3], [cap - 5e-7, np.inf, -1.0], cap)
+
+
+@pytest.mark.parametrize("capped", [False, True])
 @pytest.mark.parametrize(("slack", "rows"), [(negatives._SLACK, negatives._ROWS), (0, 7)])
 @pytest.mark.parametrize("similarity", ["question", "document"])
-def test_mine_all_equals_the_walk(pools, window, similarity, slack, rows, monkeypatch):
+def test_mine_all_equals_the_walk(pools, window, similarity, slack, rows, capped, monkeypatch):
     """slack 0: the first band ends where an example with no exclusion would be settled, so every
     exclusion inside it sends the example to the second scan; rows 7: a pool goes in many blocks of
-    examples, the random fallback's draws continuing from one block to the next."""
+    examples, the random fallback's draws continuing from one block to the next; capped: per-example
+    caps (the positive-aware rules) of every kind."""
     monkeypatch.setattr(negatives, "_SLACK", slack)
     monkeypatch.setattr(negatives, "_ROWS", rows)
     scans = []
     real_scan = PoolMiner._scan
     monkeypatch.setattr(PoolMiner, "_scan", lambda self, *a: scans.append(len(a[3])) or real_scan(self, *a))
-    draws = fallbacks = calls = 0
+    draws = fallbacks = calls = trimmed = counted = 0
     for (mode, pool), p in pools.items():
         if mode != similarity:
             continue
         args = (p["examples"], p["texts"], p["cluster_of"], p["removed"], similarity)
-        ref, new = _ReferenceMiner(*args), PoolMiner(*args)
+        ref, new = ReferenceWalk(*args), PoolMiner(*args)
         assert new.slot_shared.any() == (similarity == "question" and pool == "answers, shared positives")
 
         def all_scores(i, q=p["q"], c=p["c"]):
@@ -176,52 +107,72 @@ def test_mine_all_equals_the_walk(pools, window, similarity, slack, rows, monkey
         for topk in ("topk", "padded"):
             scores, neighbours = p[topk]
             assert (neighbours < 0).any() == (topk == "padded")
+            cap = mixed_caps(scores) if capped else None
             for lo, hi, max_neg, min_neg, fallback in limits(window):
                 r_ref, r_new = random.Random(0), random.Random(0)
-                want = [ref.mine(i, scores[i], neighbours[i], all_scores, lo, hi, max_neg, min_neg, fallback,
-                                 r_ref) for i in range(len(scores))]
+                want = ref.mine_all(scores, neighbours, all_scores, lo, hi, max_neg, min_neg, fallback, r_ref,
+                                    cap=cap)
                 calls += 1
-                got = new.mine_all(scores, neighbours, all_scores, lo, hi, max_neg, min_neg, fallback, r_new)
-                case = f"{pool} {topk} [{lo}, {hi}) max {max_neg} min {min_neg} {fallback}"
+                got = new.mine_all(scores, neighbours, all_scores, lo, hi, max_neg, min_neg, fallback, r_new,
+                                   cap=cap)
+                case = f"{pool} {topk} [{lo}, {hi}) max {max_neg} min {min_neg} {fallback} capped {capped}"
                 assert as_tuples(got) == as_tuples(want), case
+                if capped:
+                    assert all(s <= c for m, c in zip(got, cap) for s in m.neg_scores), case
+                    counts = {"cap": cap, "half": np.where(np.arange(len(cap)) % 2, cap, np.inf)}
+                    above = new.count_above(scores, neighbours, lo, hi, counts)
+                    want_above = ref.count_above(scores, neighbours, lo, hi, counts)
+                    assert {k: v.tolist() for k, v in above.items()} == {
+                        k: v.tolist() for k, v in want_above.items()}, case
+                    counted += int(above["cap"].sum())
+                    free = new.mine_all(scores, neighbours, all_scores, lo, hi, max_neg, min_neg, fallback,
+                                        random.Random(0))
+                    trimmed += sum(a.neg_ids != b.neg_ids for a, b in zip(got, free))
                 assert r_new.getstate() == r_ref.getstate(), case  # the same draws, in the same order
                 draws += r_ref.getstate() != random.Random(0).getstate()
                 fallbacks += sum(m.fallback for m in want)
     assert draws and fallbacks  # the random fallback ran, and fallbacks were stored
+    assert bool(trimmed) == capped  # the caps changed some examples' negatives
+    assert bool(counted) == capped  # ... and count_above found candidates above them
     if slack == 0:
         assert len(scans) > calls  # some examples were not settled by the first band: a second scan ran
 
 
 def test_mine_pool_equals_the_walk(build_dir, spread_bert, window, tmp_path, monkeypatch):
-    """mine_pool (encode, search, mine_all) against the same stage with the walk in its place."""
-
-    class Walk(_ReferenceMiner):
-        def mine_all(self, scores, neighbours, all_scores, lo, hi, max_neg, min_neg, fallback, rng):
-            return [self.mine(i, scores[i], neighbours[i], all_scores, lo, hi, max_neg, min_neg, fallback, rng)
-                    for i in range(len(scores))]
-
+    """mine_pool (encode, search, positive scores, caps, mine_all, the rules' counts) against the same
+    stage with the walk in its place: without rules, and with rules that bite in either mode."""
     texts = read_text_store(build_dir / "texts.jsonl")
     examples = mining.read_examples(build_dir / "examples.jsonl", texts)
     cluster_of, removed = mining.read_clusters(build_dir / "clusters.jsonl")
     cfg = compose(build_dir, tmp_path, spread_bert)
     encoder = build_encoder(cfg.model)
     lo, hi = window
-    for similarity, (w_lo, w_hi) in [("question", (lo, hi)), ("document", (hi - 0.01, hi))]:
+    cases = [("question", (lo, hi), {}), ("document", (hi - 0.01, hi), {}),
+             ("question", (lo, hi), {"max_score": round((lo + hi) / 2, 3)}),
+             ("document", (lo - 0.07, hi), {"relative_margin": 0.05, "absolute_margin": 0.02,
+                                            "max_score": round(hi - 0.05, 3)})]
+    removed_any = 0
+    for similarity, (w_lo, w_hi), rules in cases:
         opts = {**OmegaConf.to_container(cfg.mine, resolve=True), "similarity": similarity,
-                "cache": None}
+                "cache": None, **rules}
         for pool in ("answers", "questions"):
             exs = [e for e in examples if e["pool"] == pool]
             runs = []
-            for miner in (PoolMiner, Walk):
+            for miner in (PoolMiner, ReferenceWalk):
                 monkeypatch.setattr(mining, "PoolMiner", miner)
                 timing = {"encode": 0.0, "search": 0.0, "select": 0.0}
                 runs.append(mining.mine_pool(exs, texts, encoder, cluster_of, removed, opts,
                                              {"lo": w_lo, "hi": w_hi}, None, timing))
-            (got, sims_got), (want, sims_want) = runs
-            assert as_tuples(got) == as_tuples(want), (similarity, pool)
-            assert np.array_equal(sims_got, sims_want)
-            if similarity == "document":
-                assert any(m.fallback for m in want)  # the narrow window: fallbacks were stored
+            got, want = runs
+            case = (similarity, pool, rules)
+            assert as_tuples(got.mined) == as_tuples(want.mined), case
+            assert np.array_equal(got.neighbour_sims, want.neighbour_sims), case
+            assert got.pos_scores == want.pos_scores and got.removed == want.removed, case
+            assert set(got.removed) == (set(rules) | {"removed_any", "examples_affected"} if rules else set())
+            removed_any += got.removed.get("removed_any", 0)
+            if similarity == "document" and not rules:
+                assert any(m.fallback for m in want.mined)  # the narrow window: fallbacks were stored
+    assert removed_any  # the rules removed candidates: their counts were compared, not only zeros
 
 
 def test_scores_must_descend(pools):

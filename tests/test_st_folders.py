@@ -84,3 +84,20 @@ def test_prompts_templates_and_instructions():
                                    "document": ""}
     with pytest.raises(ValueError, match="puts text before its end"):
         st_prompts(Prompts("{text} is the question", ""))
+
+
+def test_an_m3_folder_cut_to_truncate_dim(m3_run, tmp_path):
+    """kind m3 with truncate_dim: the dense vector is the full one's first d coordinates (normalised at full
+    width, not re-normalised), the other heads unchanged, and a sentence-transformers folder gives the same."""
+    folder = shutil.copytree(m3_run / "final", tmp_path / "cut")
+    full_cfg = detect(folder, {})
+    full, cut = build_encoder(full_cfg, device="cpu"), build_encoder({**full_cfg, "truncate_dim": 24}, device="cpu")
+    texts = ["头痛怎么办", "高血压患者的饮食"]
+    a, b = full.encode_documents(texts, heads=("dense", "sparse")), cut.encode_documents(texts, heads=("dense", "sparse"))
+    assert b.dense.shape[1] == 24 and b.dense.tolist() == a.dense[:, :24].tolist() and b.sparse == a.sparse
+    assert cut.fingerprint != full.fingerprint  # a cut is its own cache entry
+    write_st_files(folder, {**full_cfg, "truncate_dim": 24})
+    st = assert_same_vectors(folder, cut, tmp_path)
+    assert st["modules"] == ["Transformer", "Pooling", "Normalize", "Dense"] and st["query"].shape[1] == 24
+    with pytest.raises(ValueError, match="choose 0 < truncate_dim"):
+        build_encoder({**full_cfg, "truncate_dim": 10_000}, device="cpu")

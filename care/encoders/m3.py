@@ -16,13 +16,16 @@ from care.models.m3 import M3Model
 
 
 class M3Encoder(Encoder):
-    """`model=` wraps a live M3Model (training's validation) instead of loading `path`."""
+    """`model=` wraps a live M3Model (training's validation) instead of loading `path`.  `truncate_dim`: keep
+    the first d coordinates of the dense vector, normalised at full width and not re-normalised (the project's
+    one Matryoshka convention, as `kind: dense` and CARE towers cut, and as `loss.matryoshka_dims` trains
+    them); the sparse and ColBERT heads are unchanged."""
 
     heads = HEADS
 
     def __init__(self, path: str, name: str = "m3", pooling: str = "cls", query_prefix: str = "",
                  doc_prefix: str = "", max_length: int = 512, device: str | None = None,
-                 model: M3Model | None = None, build_hint: str = ""):
+                 model: M3Model | None = None, build_hint: str = "", truncate_dim: int | None = None):
         self.path, self.name, self.pooling = str(path), name, pooling
         self.prompts = Prompts(query_prefix, doc_prefix)
         self.max_length = max_length
@@ -30,11 +33,18 @@ class M3Encoder(Encoder):
         model = model if model is not None else M3Model.load(path, pooling, build_hint=build_hint)
         self.model = model.to(self.device).eval()
         self.tokenizer = model.tokenizer
+        width = self.model.config.hidden_size
+        if truncate_dim is not None and not 0 < int(truncate_dim) <= width:
+            raise ValueError(f"truncate_dim={truncate_dim}: the dense vectors of {self.path} are {width}-d; "
+                             f"choose 0 < truncate_dim <= {width}")
+        self.truncate_dim = int(truncate_dim) if truncate_dim and int(truncate_dim) < width else None
 
     def identity(self, side: str) -> dict:
-        return {"class": type(self).__name__, "weights": weights_digest(self.path),
-                "pooling": self.pooling, "qp": self.prompts.query, "dp": self.prompts.document,
-                "max_length": self.max_length}
+        ident = {"class": type(self).__name__, "weights": weights_digest(self.path),
+                 "pooling": self.pooling, "qp": self.prompts.query, "dp": self.prompts.document,
+                 "max_length": self.max_length}
+        # only a cut is recorded, so uncut encoders keep the fingerprints (and caches) they had before
+        return {**ident, "dim": self.truncate_dim} if self.truncate_dim else ident
 
     @property
     def online_parameters(self) -> int:
@@ -66,8 +76,9 @@ class M3Encoder(Encoder):
     def encode(self, texts, side, batch_size, heads, show_progress) -> Embeddings:
         rows = batched_forward(texts, batch_size, show_progress, progress_label(self.name, side),
                                lambda b: self._step(b, heads))
-        dim = self.model.config.hidden_size
-        dense = np.stack([r[0] for r in rows]).astype(np.float32) if rows else np.zeros((0, dim), np.float32)
+        dim = self.truncate_dim or self.model.config.hidden_size
+        dense = (np.stack([r[0][:dim] for r in rows]).astype(np.float32) if rows
+                 else np.zeros((0, dim), np.float32))
         return Embeddings(dense=dense,
                           sparse=[r[1] for r in rows] if "sparse" in heads else None,
                           colbert=[r[2].astype(np.float32) for r in rows] if "colbert" in heads else None)

@@ -37,7 +37,7 @@ def build_encoder(cfg: DictConfig | dict, device: str | None = None) -> Encoder:
     if kind == "m3":
         from care.encoders.m3 import M3Encoder
 
-        return M3Encoder(str(c["path"]), **common)
+        return M3Encoder(str(c["path"]), truncate_dim=c.get("truncate_dim"), **common)
     if kind == "care":
         from care.encoders.care import CAREEncoder
 

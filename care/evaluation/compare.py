@@ -46,11 +46,26 @@ def _flat(d: dict, prefix: str = "") -> dict[str, str]:
 
 
 def _training_config(row: dict) -> dict | None:
+    """The training config a model row's folder records, with `training_data`: the training file it read
+    (its path as the record names it), since where the data lives is a run setting that recipe() leaves out
+    while which data it is changes the weights (an ablation over mined files differs only there)."""
     path = row.get("model_path")
     record = Path(path) / TRAINING_RECORD if path else None
     if record is None or not record.is_file():
         return None
-    return read_json(record).get("config")
+    saved = read_json(record)
+    config = saved.get("config")
+    files = (saved.get("lineage") or {}).get("training_files") or {}
+    if isinstance(config, dict) and files.get("examples"):
+        config = {**config, "training_data": files["examples"]}
+    return config
+
+
+def _group_key(config: dict, row: dict) -> str:
+    """A recipe's group: its recipe, the training data by content (the examples file's digest) when recorded."""
+    record = read_json(Path(row["model_path"]) / TRAINING_RECORD)
+    digest = ((record.get("lineage") or {}).get("training_files") or {}).get("examples_digest")
+    return recipe_group({**config, "training_data": digest} if digest else config)
 
 
 def load_rows(runs: Sequence[str | Path]) -> list[dict]:
@@ -64,9 +79,11 @@ def load_rows(runs: Sequence[str | Path]) -> list[dict]:
         try:
             for m in s["models"]:
                 config = _training_config(m)
+                if config is not None and m.get("truncate_dim"):  # scored on a prefix: not the same cell values
+                    config = {**config, "scored_at_dim": m["truncate_dim"]}
                 rows.append({"run": str(run), "name": m["name"], "label": m["label"], "scores": m["scores"],
                              "config": config, "seed": config.get("seed") if config else None,
-                             "group": recipe_group(config) if config else f"model:{m['name']}",
+                             "group": _group_key(config, m) if config else f"model:{m['name']}",
                              "columns": s["columns"]})
         except (KeyError, TypeError, AttributeError) as e:
             raise DataError(summary, None, str(e).strip("'") if isinstance(e, KeyError) else None,

@@ -151,7 +151,7 @@ def write_st_files(folder: str | Path, model_cfg: dict) -> Path:
     folder = Path(folder)
     kind = model_cfg.get("kind", "dense")
     if kind in ("dense", "m3"):
-        truncate = model_cfg.get("truncate_dim") if kind == "dense" else None
+        truncate = model_cfg.get("truncate_dim")  # the dense vector cut, as the encoders cut it
         normalize = bool(model_cfg.get("normalize", True)) if kind == "dense" else True
         chain = _route(folder, "", "", model_cfg.get("pooling", "cls"), model_cfg.get("max_length", 512),
                        normalize, truncate, model_cfg.get("padding_side", "right") if kind == "dense" else "right")

@@ -72,6 +72,7 @@ class CAREFamily:
         query, document = care_towers(tower_config(m["query"]), tower_config(m["document"]), training_dtype(t.get("dtype")))
         freeze(query, t.freeze)
         self.query_module, self.document_tower = query, document
+        self.dense_width = query.dim  # the document side is cut to it (care.models.towers.care_towers)
         if t.gradient_checkpointing:
             query.gradient_checkpointing_enable()
         if self.stage == "stage1":

@@ -5,7 +5,9 @@ into outputs/train/<run>/stage1/ and stage2/; outputs/train/<run>/final/ then ho
 
 Stage I's examples are same-text pairs over the training text store (plus `stages.stage1.extra_texts`,
 text stores of unlabelled texts the leakage rule admits): no labels needed.  Stage II trains on the mined
-training file, starting from stage I's query tower.
+training file, starting from stage I's query tower; it alone can distil teacher scores
+(`stages.stage2.loss.teacher_weight`: the mined file's `teacher_*_scores`).  Matryoshka widths
+(`stages.<stage>.loss.matryoshka_dims`) apply to either stage.
 """
 from __future__ import annotations
 
@@ -62,6 +64,10 @@ def stage_config(cfg: DictConfig, stage: str, run_dir: Path) -> DictConfig:
         c.run_name = f"{cfg.run_name}-{stage}"
         if stage == "stage1":
             require_training_files(cfg.data.texts, cfg.data.examples)
+            if (spec.loss.get("teacher_weight") or 0) > 0:
+                raise ValueError("model.stages.stage1.loss.teacher_weight > 0: stage I trains on same-text pairs, "
+                                 "which have no teacher scores; distil in stage II "
+                                 "(model.stages.stage2.loss.teacher_weight), or set it to 0")
             for extra in spec.get("extra_texts") or []:
                 if not Path(extra).exists():
                     raise FileNotFoundError(

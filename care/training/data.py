@@ -5,6 +5,13 @@
 group: its query, 1 positive and (group_size - 1) negatives, laid out as the losses expect (for each query
 its positive first, then its negatives).
 
+Teacher scores.  A row may also carry `teacher_pos_scores` (aligned with pos_ids) and `teacher_neg_scores`
+(aligned with neg_ids): raw scores of a teacher (a cross-encoder's logits or a bi-encoder's similarities),
+written by `python -m data_pipeline stage=score teacher=...`.  `neg_scores` / `pos_scores` are the miner's
+similarities and are never used as teacher scores.  A group then carries the teacher scores of the very
+passages drawn (the draws themselves do not depend on whether the file has teacher scores), and
+collate_groups stacks them into a (batch, group_size) tensor for the loss's distillation.
+
 Determinism.  Every random draw is made by a numpy Generator seeded with (seed, epoch, example index), and
 the epoch order by one seeded with (seed, epoch).  Which worker or which process builds a group therefore
 never changes it: the same run gives the same groups on 1 CPU, with 4 data-loader workers, or on 8 GPUs
@@ -16,20 +23,27 @@ fills the rest by drawing again from them with replacement (FlagEmbedding's own 
 the same shape (GradCache and the pool layout need that).  An example with no negatives at all gets random
 passages of the training set (any id used as a positive or negative, never one of its own positives).
 Both cases are counted in `stats` so a run says how often it happened.  With group_size = 1 no negatives
-are drawn: plain in-batch negatives.
+are drawn: plain in-batch negatives.  A repeated negative repeats its teacher score; a borrowed random
+passage has none, so a distilling run refuses an example without negatives (require_teacher_scores).
 """
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
+import torch
 from torch.utils.data import Dataset, Sampler
 
 from care.data.io import DataError, read_jsonl_numbered, read_text_store
 
 # What writes the training files when they are missing (the usual cause: the data pipeline has not run).
 WRITTEN_BY = "python -m data_pipeline (stage mine writes outputs/data/train/)"
+# The teacher scores of a training file: field -> the id field its scores are aligned with.
+TEACHER_FIELDS = {"teacher_pos_scores": "pos_ids", "teacher_neg_scores": "neg_ids"}
+# What writes the teacher scores into the training file (named when a distilling run finds none).
+TEACHER_WRITTEN_BY = "`python -m data_pipeline stage=score teacher=...`"
 
 
 def require_training_files(texts_path: str | Path, train_path: str | Path) -> None:
@@ -43,7 +57,8 @@ def require_training_files(texts_path: str | Path, train_path: str | Path) -> No
 
 
 class TrainingGroups(Dataset):
-    """Item (epoch, i) -> {"query", "passages": [positive, negative...]} for example i in that epoch."""
+    """Item (epoch, i) -> {"query", "passages": [positive, negative...], "pool", "teacher_scores": [one per
+    passage] or None} for example i in that epoch."""
 
     def __init__(self, texts_path: str | Path, train_path: str | Path, group_size: int = 10, seed: int = 0,
                  max_examples: int | None = None):
@@ -64,6 +79,9 @@ class TrainingGroups(Dataset):
             "short_of_negatives": sum(0 < len(e["neg_ids"]) < need for e in self.examples),
             "without_negatives": sum(len(e["neg_ids"]) == 0 for e in self.examples) if need else 0,
         }
+        with_teacher = sum(e["teacher"] is not None for e in self.examples)
+        if with_teacher:  # said only for files that carry teacher scores
+            self.stats["with_teacher_scores"] = with_teacher
 
     def _read_examples(self, max_examples: int | None) -> list[dict]:
         rows = []
@@ -73,8 +91,12 @@ class TrainingGroups(Dataset):
             problem = self._check(row)
             if problem:
                 raise DataError(self.train_path, line, *problem)
+            teacher = None  # (positives' scores, negatives' scores) when the row has both
+            if all(row.get(f) is not None for f in TEACHER_FIELDS):
+                teacher = tuple([float(x) for x in row[f]] for f in TEACHER_FIELDS)
             rows.append({"query_id": str(row["query_id"]), "pos_ids": [str(p) for p in row["pos_ids"]],
-                         "neg_ids": [str(n) for n in row.get("neg_ids") or []], "pool": row.get("pool")})
+                         "neg_ids": [str(n) for n in row.get("neg_ids") or []], "pool": row.get("pool"),
+                         "teacher": teacher, "line": line})
         if not rows:
             raise DataError(self.train_path, None, None, "no training examples")
         return rows
@@ -96,26 +118,74 @@ class TrainingGroups(Dataset):
         scores = row.get("neg_scores")
         if scores is not None and len(scores) != len(row.get("neg_ids") or []):
             return "neg_scores", f"{len(scores)} scores for {len(row.get('neg_ids') or [])} neg_ids"
+        for field, ids in TEACHER_FIELDS.items():
+            scores = row.get(field)
+            if scores is None:
+                continue
+            if not isinstance(scores, list) or len(scores) != len(row.get(ids) or []):
+                n = len(scores) if isinstance(scores, list) else type(scores).__name__
+                return field, f"{n} teacher scores for {len(row.get(ids) or [])} {ids}: one per id, in order"
+            if not all(isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) for x in scores):
+                return field, "teacher scores must be finite numbers"
         return None
+
+    def require_teacher_scores(self, key: str) -> None:
+        """Refuse (one line, naming the file and what writes the scores) a file a distilling loss cannot use:
+        an example without teacher scores, or without negatives (its group would be random passages, which
+        have no teacher score).  `key`: the config key that asked for distillation."""
+        missing = [e for e in self.examples if e["teacher"] is None]
+        if len(missing) == len(self.examples):
+            raise DataError(self.train_path, None, None,
+                            f"{key} > 0 distils teacher scores, and this training file has none "
+                            f"(teacher_pos_scores, teacher_neg_scores): they are written by {TEACHER_WRITTEN_BY} "
+                            f"into its score.out_dir (default <data_dir>/scored); run it and train on that folder "
+                            f"(data.dir=...), or set {key}=0")
+        if missing:
+            raise DataError(self.train_path, missing[0]["line"], "teacher_neg_scores",
+                            f"{key} > 0 distils teacher scores, and {len(missing)} of {len(self.examples)} examples "
+                            f"have none (this is the first): they are written by {TEACHER_WRITTEN_BY}; run it "
+                            f"again, or set {key}=0")
+        if self.group_size > 1:
+            bare = [e for e in self.examples if not e["neg_ids"]]
+            if bare:
+                raise DataError(self.train_path, bare[0]["line"], "neg_ids",
+                                f"{key} > 0 distils teacher scores, and {len(bare)} examples have no negatives (this "
+                                f"is the first): their groups would be random passages without teacher scores; "
+                                f"give them negatives (python -m data_pipeline stage=mine) or drop them")
 
     def __len__(self) -> int:
         return len(self.examples)
 
-    def group_ids(self, epoch: int, index: int) -> tuple[str, list[str]]:
-        """(query id, [positive id, negative ids...]) drawn for example `index` in `epoch`."""
+    def draw(self, epoch: int, index: int) -> tuple[int, list[int], list[str]]:
+        """(positive's index in pos_ids, negatives' indices in neg_ids, borrowed passage ids) drawn for example
+        `index` in `epoch`: the one place the group's randomness is spent."""
         ex = self.examples[index]
         rng = np.random.default_rng([self.seed, epoch, index])
-        pos = ex["pos_ids"][rng.integers(len(ex["pos_ids"]))]
-        need, negs = self.group_size - 1, ex["neg_ids"]
+        pos = int(rng.integers(len(ex["pos_ids"])))
+        need, n_negs = self.group_size - 1, len(ex["neg_ids"])
         if need == 0:
-            return ex["query_id"], [pos]
-        if len(negs) >= need:
-            chosen = [negs[j] for j in rng.choice(len(negs), need, replace=False)]
-        elif negs:  # too few: all of them, the rest drawn again from them (see the module docstring)
-            chosen = list(negs) + [negs[j] for j in rng.integers(len(negs), size=need - len(negs))]
-        else:
-            chosen = self._random_passages(rng, need, set(ex["pos_ids"]))
-        return ex["query_id"], [pos, *chosen]
+            return pos, [], []
+        if n_negs >= need:
+            return pos, [int(j) for j in rng.choice(n_negs, need, replace=False)], []
+        if n_negs:  # too few: all of them, the rest drawn again from them (see the module docstring)
+            return pos, [*range(n_negs), *(int(j) for j in rng.integers(n_negs, size=need - n_negs))], []
+        return pos, [], self._random_passages(rng, need, set(ex["pos_ids"]))
+
+    def group(self, epoch: int, index: int) -> tuple[str, list[str], list[float] | None]:
+        """(query id, [positive id, negative ids...], their teacher scores) drawn for example `index` in
+        `epoch`; the scores are None when the example has none or its group borrowed random passages."""
+        ex = self.examples[index]
+        pos, negs, borrowed = self.draw(epoch, index)
+        ids = [ex["pos_ids"][pos], *(ex["neg_ids"][j] for j in negs), *borrowed]
+        if ex["teacher"] is None or borrowed:
+            return ex["query_id"], ids, None
+        pos_scores, neg_scores = ex["teacher"]
+        return ex["query_id"], ids, [pos_scores[pos], *(neg_scores[j] for j in negs)]
+
+    def group_ids(self, epoch: int, index: int) -> tuple[str, list[str]]:
+        """(query id, [positive id, negative ids...]) drawn for example `index` in `epoch`."""
+        qid, ids, _ = self.group(epoch, index)
+        return qid, ids
 
     def _random_passages(self, rng: np.random.Generator, need: int, exclude: set[str]) -> list[str]:
         """`need` passages of the training set, drawn with replacement, none of them in `exclude`."""
@@ -131,9 +201,9 @@ class TrainingGroups(Dataset):
 
     def __getitem__(self, item: tuple[int, int]) -> dict:
         epoch, index = item
-        qid, pids = self.group_ids(epoch, index)
+        qid, pids, teacher = self.group(epoch, index)
         return {"query": self.texts[qid], "passages": [self.texts[p] for p in pids],
-                "pool": self.examples[index]["pool"]}
+                "pool": self.examples[index]["pool"], "teacher_scores": teacher}
 
 
 class EpochSampler(Sampler):
@@ -155,7 +225,13 @@ class EpochSampler(Sampler):
 
 
 def collate_groups(items: list[dict]) -> dict:
-    """Batch of groups -> {"queries": [B texts], "passages": [B * group_size texts]} in pool layout, and
-    "passage_pools": the pool (build.rules' `pool`, None when the file has none) of each passage's group."""
-    return {"queries": [it["query"] for it in items], "passages": [p for it in items for p in it["passages"]],
-            "passage_pools": [it.get("pool") for it in items for _ in it["passages"]]}
+    """Batch of groups -> {"queries": [B texts], "passages": [B * group_size texts]} in pool layout,
+    "passage_pools": the pool (build.rules' `pool`, None when the file has none) of each passage's group,
+    and, when every group has them, "teacher_scores": a (B, group_size) float32 tensor (row i: group i's
+    scores, positive first, in pool order)."""
+    batch = {"queries": [it["query"] for it in items], "passages": [p for it in items for p in it["passages"]],
+             "passage_pools": [it.get("pool") for it in items for _ in it["passages"]]}
+    teacher = [it.get("teacher_scores") for it in items]
+    if items and all(t is not None for t in teacher):
+        batch["teacher_scores"] = torch.tensor(teacher, dtype=torch.float32)
+    return batch

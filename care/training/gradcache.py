@@ -24,8 +24,8 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
-from care.training.distributed import gather_reps, world_size
-from care.training.losses import at_least_fp32
+from care.training.distributed import all_gather_with_grad, gather_reps, world_size
+from care.training.loss_terms import at_least_fp32
 
 
 class RngState:
@@ -60,7 +60,9 @@ class GradCache:
     """`gc.step(model, query_batch, passage_batch)` runs forward and backward for one optimisation step and
     returns the loss terms as floats; the caller then steps its optimiser.
 
-    loss_fn:      (query_reps, passage_reps) -> {"loss": total, ...terms}, e.g. care.training.losses.M3Loss
+    loss_fn:      (query_reps, passage_reps[, teacher_scores=...]) -> {"loss": total, ...terms}, e.g.
+                  care.training.losses.M3Loss; teacher scores (a constant, no gradient) are passed only
+                  when the step is given some
     chunk_size:   texts per forward pass (memory), independent of the pool size (the batch)
     accelerator:  optional accelerate.Accelerator: its backward (fp16 loss scaling, gradient accumulation,
                   DeepSpeed's engine) and no_sync are used; without it, plain backward and DDP's no_sync
@@ -102,8 +104,10 @@ class GradCache:
             surrogate.backward()
 
     def step(self, model: nn.Module, query_batch: dict, passage_batch: dict,
-             passage_model: nn.Module | None = None) -> dict[str, float]:
-        """`passage_model`: a separate document tower (asymmetric models); default: `model` for both."""
+             passage_model: nn.Module | None = None, teacher_scores: torch.Tensor | None = None) -> dict[str, float]:
+        """`passage_model`: a separate document tower (asymmetric models); default: `model` for both.
+        `teacher_scores`: (queries, group_size) teacher scores of this process's groups, for the loss's
+        distillation; gathered across processes with the representations, in the same rank order."""
         towers = [(model, split_batch(query_batch, self.chunk_size)),
                   (passage_model or model, split_batch(passage_batch, self.chunk_size))]
 
@@ -113,7 +117,8 @@ class GradCache:
         after_first_pass = RngState()
 
         # 2. loss on the full pool (all ranks), cached gradients for the local representations
-        out = self.loss_fn(gather_reps(q_reps), gather_reps(p_reps))
+        teacher = {} if teacher_scores is None else {"teacher_scores": all_gather_with_grad(teacher_scores.detach())}
+        out = self.loss_fn(gather_reps(q_reps), gather_reps(p_reps), **teacher)
         leaves = [v for reps in (q_reps, p_reps) for v in reps.values() if v.requires_grad]
         if leaves:
             torch.autograd.backward(out["loss"] * world_size(), inputs=leaves)

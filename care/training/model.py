@@ -26,6 +26,7 @@ from care.training.merge import merge_with_start
 class TrainableFamily(Protocol):
     query_module: nn.Module
     document_module: nn.Module | None  # None: query_module encodes both sides
+    dense_width: int  # the width of the dense vectors the loss sees (Matryoshka prefixes must be shorter)
 
     def tokenize(self, texts: Sequence[str], sides: Sequence[str], max_length: int) -> dict[str, torch.Tensor]: ...
 
@@ -81,6 +82,7 @@ class M3Family:
         if t.gradient_checkpointing:
             model.gradient_checkpointing_enable()
         self.query_module, self.tokenizer = model, model.tokenizer
+        self.dense_width = model.config.hidden_size  # the pooled hidden state, normalised (care.models.m3)
 
     def tokenize(self, texts: Sequence[str], sides: Sequence[str], max_length: int) -> dict[str, torch.Tensor]:
         prompted = [self.prompts.apply([t], side)[0] for t, side in zip(texts, sides)]

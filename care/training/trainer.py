@@ -6,7 +6,9 @@ forward; `chunk_size: null` = the plain step, whole pool in one pass), clips the
 and the schedule (linear warmup, then cosine decay: transformers' get_cosine_schedule_with_warmup).  Under
 several processes accelerate shards the batches and wraps the model in DDP; negatives are gathered from
 every process (care.training.distributed).  Validation (early stopping, the best model) runs on the main
-process only.  The loop knows no model family: it drives care.training.model's protocol.
+process only.  The loop knows no model family: it drives care.training.model's protocol.  A loss that
+distils teacher scores (`loss.teacher_weight > 0`; CARE: `model.stages.stage2.loss.teacher_weight`) gets each
+batch's (batch, group_size) scores of the drawn groups (care.training.data), gathered like the negatives.
 
 The run folder (`output_dir`) is described in the README ("Training"); checkpoints and resume in
 care.training.checkpoint, the log and curves in care.training.runlog.
@@ -36,7 +38,7 @@ from care.export.st_folder import write_st_files
 from care.runlock import FORCE_KEY, lock_run_folder, release_lock_after, release_lock_on_error
 from care.training.checkpoint import AlreadyFinished, ResumeError, RunFolder, config_hash
 from care.training.data import EpochSampler, TrainingGroups, collate_groups, require_training_files
-from care.training.distributed import gather_reps, world_size
+from care.training.distributed import all_gather_with_grad, gather_reps, world_size
 from care.training.gradcache import GradCache
 from care.training.model import build_family
 from care.training.runlog import RunLog, memory_mb, wandb_mode
@@ -52,6 +54,13 @@ def trainable_flags(modules) -> list[bool]:
 def build_loss(loss_cfg: DictConfig, group_size: int):
     """conf/loss/*.yaml names its class in `_target_`; the group size checks the pool layout."""
     return instantiate(loss_cfg, group_size=group_size, _convert_="all")
+
+
+def loss_key(cfg: DictConfig) -> str:
+    """Where the run's loss is configured, for messages: `loss`, or a CARE stage's
+    `model.stages.<stage>.loss` (care.training.care_recipe copies it to `loss`)."""
+    stage = cfg.model.get("current_stage")
+    return f"model.stages.{stage}.loss" if stage else "loss"
 
 
 class Trainer:
@@ -76,6 +85,11 @@ class Trainer:
 
         self.data = TrainingGroups(cfg.data.texts, cfg.data.examples, t.group_size, cfg.seed,
                                    cfg.data.max_examples)
+        # The loss before the model: a distilling loss refuses a file without teacher scores in seconds.
+        self.loss = build_loss(cfg.loss, t.group_size)
+        self.distils = bool(getattr(self.loss, "distils_teacher", False))
+        if self.distils:
+            self.data.require_teacher_scores(f"{loss_key(cfg)}.teacher_weight")
         self.query_side_pools = set(t.get("query_side_pools") or ())
         if self.query_side_pools and not any(e["pool"] for e in self.data.examples):
             # A file of your own may lack pools (every passage then gets the document prompt); one from an
@@ -84,6 +98,8 @@ class Trainer:
                           "pool, so every passage gets the document prefix; a file from an older mine stage: "
                           "re-run `python -m data_pipeline stage=mine force=true`", stacklevel=3)
         self.family = build_family(cfg)
+        if hasattr(self.loss, "check_width"):  # Matryoshka widths the model's vectors cannot give
+            self.loss.check_width(self.family.dense_width, loss_key(cfg))
         towers = [m for m in (self.family.query_module, self.family.document_module) if m is not None]
         # Only modules with trainable weights are prepared (DDP refuses a module with nothing to train); a
         # frozen one (CARE stage I's cached document vectors) just moves to the device.
@@ -110,7 +126,6 @@ class Trainer:
         # Not passed to prepare(): accelerate would step it once per process per step.
         self.scheduler = get_cosine_schedule_with_warmup(
             self.optimizer, math.ceil(t.warmup_ratio * self.total_steps), self.total_steps)
-        self.loss = build_loss(cfg.loss, t.group_size)
         self.gradcache = GradCache(self.loss, t.chunk_size, acc, autocast=acc.autocast) if t.chunk_size else None
         v = cfg.validation
         self.validator = Validator(v, getattr(self.family, "cache", None)) if v.task else None
@@ -192,14 +207,18 @@ class Trainer:
         # sides of a symmetric pair with the query prompt, as STS and paraphrase search will ask them.
         sides = ["query" if pool in self.query_side_pools else "document" for pool in batch["passage_pools"]]
         passages = self._tokenize(batch["passages"], sides, t.passage_max_length)
+        # (batch, group_size) teacher scores of the drawn groups, for a distilling loss only (no gradient)
+        teacher = batch["teacher_scores"].to(self.accelerator.device) if self.distils else None
         query_model, passage_model = self.towers[0], self.towers[-1]
         for m, k in zip(self.towers, self.trainable):
             m.train(k)
         if self.gradcache:
-            losses = self.gradcache.step(query_model, queries, passages, passage_model=passage_model)
+            losses = self.gradcache.step(query_model, queries, passages, passage_model=passage_model,
+                                         teacher_scores=teacher)
         else:  # the whole pool in one forward: no extra no-grad pass, memory grows with the pool
+            extra = {} if teacher is None else {"teacher_scores": all_gather_with_grad(teacher)}
             with self.accelerator.autocast():
-                out = self.loss(gather_reps(query_model(**queries)), gather_reps(passage_model(**passages)))
+                out = self.loss(gather_reps(query_model(**queries)), gather_reps(passage_model(**passages)), **extra)
             self.accelerator.backward(out["loss"] * world_size())  # x world size: see distributed.py
             losses = {k: v.detach() for k, v in out.items()}
         grad_norm = self.accelerator.clip_grad_norm_([p for m in self.towers for p in m.parameters()],

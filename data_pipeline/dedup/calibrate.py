@@ -17,6 +17,11 @@ mode=judge   label an export with an LLM behind any OpenAI-compatible chat endpo
 mode=pairs   no judge here, so the labels come from people: the human-labelled paraphrase pairs of the
              shared data (CHIP-STS, cMedQQ, KUAKE-QQR; `pair_sources`), cosine of each pair under this
              encoder, paraphrase rate per interval, and the thresholds that follow (see `suggest`).
+mode=qa      the window of `mine.similarity=document` (query vs candidate answer), the same way: the import
+             stage's labelled candidate lists (`qa_sources`: splits never trained on, e.g. cEpilepsyQA dev),
+             query encoded as a query and each candidate as a document, the relevant-answer rate per
+             interval; mine_doc_hi = where that rate reaches `crossing`, mine_doc_lo = the `mine_lo_quantile`
+             quantile of the cosine of a query with another list's candidates.
 Every mode writes `table.txt` and `calibration.json` under dedup.calibrate.out
 (default {data_dir}/calibrate/<model name>/).  Texts are encoded as documents (`side: doc`), as the dedup
 stage does; side=query measures the query side (question-question similarity, what mining compares).
@@ -232,6 +237,71 @@ def calibrate_pairs(cfg: DictConfig, encoder) -> dict:
     return result
 
 
+# ---- qa: labelled candidate answers (the document-mode mining window) -----------------------------------
+
+def labelled_answers(cfg: DictConfig) -> tuple[list[tuple[str, str]], list[int], list[str]]:
+    """(query text, candidate text) pairs of the import stage's candidate lists of `qa_sources` (source ->
+    splits), 1 for a relevant candidate, and each pair's list id."""
+    from care.data.io import read_text_store
+
+    c, root = cfg.dedup.calibrate, Path(cfg.data_dir) / "import"
+    want = {name: set(splits) for name, splits in c.qa_sources.items()}
+    texts = read_text_store(root / "texts.jsonl")
+    pairs, labels, lists = [], [], []
+    for row in read_jsonl(root / "candidates.jsonl", ("source", "split", "query_id", "candidates")):
+        if row["split"] in want.get(row["source"], ()):
+            for cand in row["candidates"]:
+                pairs.append((texts[row["query_id"]], texts[cand["id"]]))
+                labels.append(int(cand["label"] > 0))
+                lists.append(row["id"])
+    if not pairs:
+        raise DataError(root / "candidates.jsonl", None, "source",
+                        f"no candidate list of {dict(c.qa_sources)}: run stage import, or set dedup.calibrate.qa_sources")
+    return pairs, labels, lists
+
+
+def calibrate_qa(cfg: DictConfig, encoder) -> dict:
+    from care.encoders.cache import EmbeddingCache, embed
+    from care.retrieval.index import unit_rows
+
+    c, s = cfg.dedup.calibrate, cfg.dedup.semantic
+    pairs, labels, lists = labelled_answers(cfg)
+    rng = random.Random(c.seed)
+    cache = EmbeddingCache(s.cache) if s.cache else None
+    queries, answers = sorted({q for q, _ in pairs}), sorted({a for _, a in pairs})
+    qv = dict(zip(queries, unit_rows(embed(encoder, queries, "query", cache, s.batch_size).dense)))
+    av = dict(zip(answers, unit_rows(embed(encoder, answers, "document", cache, s.batch_size).dense)))
+    cos = np.array([float(qv[q] @ av[a]) for q, a in pairs])
+    # Random pairs: a query with a candidate of another list (unrelated to it, almost surely).
+    shuffled = rng.sample(range(len(pairs)), len(pairs))
+    random_cos = np.array([float(qv[pairs[i][0]] @ av[pairs[j][1]]) for i, j in zip(range(len(pairs)), shuffled)
+                           if lists[i] != lists[j]])
+    rows = rate_table(cos, labels, c.edges)
+    labels_arr = np.asarray(labels)
+    result = {
+        "mode": "qa", "encoder": encoder_info(cfg, encoder), "side": "query vs document", "pairs": len(pairs),
+        "lists": len(set(lists)), "sources": {k: list(v) for k, v in c.qa_sources.items()},
+        "relevant_share": float(labels_arr.mean()), "table": rows,
+        "cosine_quantiles": {
+            kind: {f"q{q}": round(float(np.quantile(v, q / 100)), 4) for q in (5, 25, 50, 75, 95)}
+            for kind, v in (("relevant", cos[labels_arr == 1]), ("not_relevant", cos[labels_arr == 0]),
+                            ("random", random_cos))},
+        "below_first_edge": int((cos < c.edges[0]).sum()),
+    }
+    try:
+        th = suggest(rows, random_cos, c.crossing, c.mine_lo_quantile)
+    except ValueError as e:
+        result["suggested_thresholds"], result["no_suggestion_because"] = None, str(e)
+        return result
+    result["suggested_thresholds"] = {
+        "mine_doc_lo": th["mine_lo"], "mine_doc_hi": th["mine_hi"],
+        "how_doc": (f"calibrate mode=qa: {len(pairs)} labelled (question, candidate answer) pairs of "
+                    f"{len(set(lists))} lists ({', '.join(f'{k} {list(v)}' for k, v in c.qa_sources.items())}), query vs "
+                    f"document side; mine_doc_hi = lowest interval edge from which the relevant rate stays >= "
+                    f"{c.crossing:.0%}; mine_doc_lo = q{round(100 * c.mine_lo_quantile)} of random query-answer cosine")}
+    return result
+
+
 # ---- plumbing ---------------------------------------------------------------------------------------
 
 def encoder_info(cfg: DictConfig, encoder) -> dict:
@@ -259,16 +329,18 @@ def run(cfg: DictConfig) -> dict:
     c = cfg.dedup.calibrate
     out = Path(c.out or Path(cfg.data_dir) / "calibrate" / cfg.model.name)
     mode = c.mode
-    if mode not in ("pairs", "export", "report", "judge"):
-        raise ValueError(f"dedup.calibrate.mode must be pairs, export, report or judge, not {mode!r}")
+    if mode not in ("pairs", "qa", "export", "report", "judge"):
+        raise ValueError(f"dedup.calibrate.mode must be pairs, qa, export, report or judge, not {mode!r}")
     interval_of([], c.edges)  # validates the edges before any work
-    what = "paraphrase rate" if mode == "pairs" else "duplicate rate"
-    if mode in ("pairs", "export"):
+    what = {"pairs": "paraphrase rate", "qa": "relevant rate"}.get(mode, "duplicate rate")
+    if mode in ("pairs", "qa", "export"):
         from care.encoders import build_encoder
 
         encoder = build_encoder(cfg.model)
     if mode == "pairs":
         result = calibrate_pairs(cfg, encoder)
+    elif mode == "qa":
+        result = calibrate_qa(cfg, encoder)
     elif mode == "export":
         from care.data.io import read_text_store
 

@@ -46,7 +46,8 @@ def encoder_thresholds(model: DictConfig, needed: tuple[str, ...], what: str, ov
     if any(th.get(k) is None for k in needed):
         raise ThresholdError(
             f"{where} has no thresholds.{'/'.join(needed)}. {what} belongs to an encoder (docs/facts.md s.4): "
-            f"calibrate it (python -m data_pipeline.dedup.calibrate model={name}) and add a thresholds "
+            f"calibrate it (python -m data_pipeline.dedup.calibrate model={name}"
+            f"{' dedup.calibrate.mode=qa' if 'mine_doc_lo' in needed else ''}) and add a thresholds "
             f"block, or pass {override_hint} to override explicitly.")
     if th.get("calibrated_for") != name:
         raise ThresholdError(

@@ -1,0 +1,256 @@
+"""The teachers of the score stage (data_pipeline/score.py): what `teacher=` names, and how it scores pairs.
+
+What a teacher is (`resolve_teacher`), in this order:
+1. an existing folder
+   - holding care_training.json (a training run's final/ or best/): a bi-encoder, the model its record names;
+   - whose config.json names a `*ForSequenceClassification` architecture: a cross-encoder when the model has
+     one label (bge-reranker-v2-m3 has), refused otherwise (a classifier, not a relevance scorer);
+   - else a folder care.encoders.detect recognises (M3 head files, or a Hugging Face config.json): a
+     bi-encoder built like `model=` (pooling, prefixes), as evaluate.py's ckpt= builds one;
+   - else refused, in one line naming the folder and what was expected;
+2. else the name of a conf/model/<name>.yaml: a bi-encoder, composed under this run's roots;
+3. else refused.
+
+How each scores a (query, passage) pair:
+- cross-encoder: the raw logit of the pair tokenized as a pair (truncated, longest first, to max_length), as
+  FlagEmbedding's reranker returns it without normalisation (no sigmoid).  Scores are cached in chunks
+  (PairScoreCache) under the teacher's fingerprint: its folder's weights_digest (care/models/hub.py), the token
+  limit, the truncation and the score it returns.
+- bi-encoder: the score evaluate.py's retrieval gives (care/retrieval/scorer.py EncodedPair.score): the inner
+  product of the dense vectors, query side against document side, or with several heads their `hybrid`
+  weighted mean.  Every distinct text is embedded once, through the embedding cache (care/encoders/cache.py).
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import zipfile
+from pathlib import Path
+
+import numpy as np
+from omegaconf import OmegaConf
+from tqdm.auto import tqdm
+
+from care.config import CONF_DIR, model_config
+from care.data.io import atomic_open
+from care.encoders import build_encoder, detect
+from care.encoders.cache import EmbeddingCache, list_hash, text_key
+from care.encoders.registry import TRAINING_RECORD
+from care.evaluation.corpora import evaluation_model
+from care.models.hub import weights_digest
+
+log = logging.getLogger(__name__)
+TRUNCATION = "longest_first"  # a cross-encoder's pair: tokens come off the longer text first
+NO_TEACHER = ("no teacher given: pass teacher=FOLDER (a cross-encoder folder such as bge-reranker-v2-m3, or an "
+              "encoder folder such as a training run's final/) or teacher=NAME (a conf/model name, e.g. me5_small)")
+
+
+def folder_kind(folder: Path) -> str | None:
+    """"cross-encoder" for a one-label sequence classifier folder, "classifier" for one with more labels, None
+    for anything else (a training record comes first: its folder is a bi-encoder whatever its config says)."""
+    if (folder / TRAINING_RECORD).is_file() or not (folder / "config.json").is_file():
+        return None
+    try:
+        config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        return None
+    if not any(str(a).endswith("ForSequenceClassification") for a in config.get("architectures") or []):
+        return None
+    # transformers writes id2label for any label count but its default (2), which it leaves out
+    labels = len(config["id2label"]) if config.get("id2label") else int(config.get("num_labels", 2))
+    return "cross-encoder" if labels == 1 else f"classifier with {labels} labels"
+
+
+def resolve_teacher(name, cfg) -> dict:
+    """{"name", "kind", "folder" (cross-encoder) or "model" (bi-encoder config)} for `teacher=name`."""
+    if name is None or not str(name).strip():
+        raise ValueError(NO_TEACHER)
+    name = str(name)
+    folder = Path(name).expanduser()
+    if folder.is_dir():
+        folder = folder.resolve()
+        kind = folder_kind(folder)
+        if kind == "cross-encoder":
+            return {"name": name, "kind": kind, "folder": str(folder)}
+        if kind is not None:
+            raise ValueError(f"teacher={name}: {folder} is a sequence {kind} (config.json); a cross-encoder "
+                             "teacher has one output, its relevance logit (num_labels 1)")
+        model = detect(folder, OmegaConf.to_container(cfg.model, resolve=True) if OmegaConf.is_config(cfg)
+                       else dict(cfg["model"]))
+        if model is None:
+            raise ValueError(
+                f"teacher={name}: {folder} is neither a cross-encoder folder (config.json naming a "
+                "*ForSequenceClassification architecture with one label) nor an encoder folder "
+                "(care_training.json, M3 head files or a Hugging Face config.json)")
+        return {"name": name, "kind": "bi-encoder", "model": model}
+    if (CONF_DIR / "model" / f"{name}.yaml").is_file():
+        return {"name": name, "kind": "bi-encoder", "model": model_config(name, cfg)}
+    known = ", ".join(sorted(p.stem for p in (CONF_DIR / "model").glob("*.yaml")))
+    raise ValueError(f"teacher={name}: no such folder ({folder.resolve()}) and no conf/model/{name}.yaml "
+                     f"(a model name is one of: {known})")
+
+
+def teacher_identity(spec: dict, opts: dict) -> dict:
+    """What the teacher's scores depend on, without loading it (the stage fingerprint: a skipped run loads
+    nothing)."""
+    if spec["kind"] == "cross-encoder":
+        return {"kind": spec["kind"], "folder": spec["folder"],
+                "fingerprint": cross_fingerprint(spec["folder"], opts)}
+    model = evaluation_model(spec["model"], opts.get("max_length"))
+    paths = [model[s]["path"] for s in ("query", "document")] if model.get("kind") == "care" else [model["path"]]
+    return {"kind": spec["kind"], "model": model, "weights": [weights_digest(p) for p in paths],
+            "heads": opts.get("heads"), "hybrid_weights": opts.get("hybrid_weights")}
+
+
+def cross_fingerprint(folder: str, opts: dict) -> str:
+    identity = {"kind": "cross-encoder", "weights": weights_digest(folder), "max_length": int(opts["max_length"]),
+                "truncation": TRUNCATION, "score": "logit"}
+    return hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def pair_key(query: str, passage: str) -> bytes:
+    return hashlib.sha256(text_key(query) + text_key(passage)).digest()[:16]
+
+
+class PairScoreCache:
+    """`<root>/<teacher fingerprint>/<list_hash of the chunk's pair keys>.npz`, each chunk holding `keys` (one
+    16-byte pair_key per pair), `scores` (float32) and the `fingerprint` it was written under; written
+    atomically (care.data.io.atomic_open), so an interrupted run leaves whole chunks only.  `load` reads every
+    chunk of the teacher; an unreadable or inconsistent one is reported and ignored (its pairs scored again)."""
+
+    def __init__(self, root: str | Path | None, fingerprint: str):
+        self.fingerprint = fingerprint
+        self.folder = Path(root) / fingerprint if root else None
+        self.chunks_read = self.chunks_written = 0
+
+    def load(self) -> dict[bytes, float]:
+        known: dict[bytes, float] = {}
+        for path in sorted(self.folder.glob("*.npz")) if self.folder and self.folder.is_dir() else []:
+            try:
+                with np.load(path) as z:
+                    keys, scores, fp = [bytes(k) for k in z["keys"]], z["scores"], str(z["fingerprint"])
+            except (OSError, ValueError, KeyError, zipfile.BadZipFile, EOFError) as e:
+                log.warning("teacher score chunk %s is unreadable (%s): ignored, its pairs scored again", path, e)
+                continue
+            if fp != self.fingerprint or len(keys) != len(scores) or list_hash(keys) != path.stem \
+                    or not np.isfinite(scores).all():
+                log.warning("teacher score chunk %s does not match its name or teacher: ignored", path)
+                continue
+            known.update(zip(keys, scores.tolist()))
+            self.chunks_read += 1
+        return known
+
+    def put(self, keys: list[bytes], scores: np.ndarray) -> None:
+        if self.folder is None:
+            return
+        with atomic_open(self.folder / f"{list_hash(keys)}.npz", "wb") as fh:
+            np.savez(fh, keys=np.array(keys, dtype="V16"), scores=np.asarray(scores, np.float32),
+                     fingerprint=np.array(self.fingerprint))
+        self.chunks_written += 1
+
+
+class CrossEncoderTeacher:
+    kind = "cross-encoder"
+    scale = "raw logit"
+
+    def __init__(self, spec: dict, opts: dict):
+        self.folder, self.opts = spec["folder"], opts
+        self.name = spec["name"]
+        self.fingerprint = cross_fingerprint(self.folder, opts)
+        self.cache = PairScoreCache(opts.get("cache"), self.fingerprint)
+        self.model = self.tokenizer = None
+        self.counts = {"pairs_computed": 0, "pairs_cached": 0}
+
+    def _load(self) -> None:
+        import torch
+        from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+        from care.encoders.dense import pick_device
+
+        self.device = pick_device(self.opts.get("device"))
+        self.model = AutoModelForSequenceClassification.from_pretrained(self.folder, dtype=torch.float32)
+        self.model = self.model.to(self.device).eval()
+        self.tokenizer = AutoTokenizer.from_pretrained(self.folder)
+
+    def _score_chunk(self, pairs: list[tuple[str, str]], bar) -> np.ndarray:
+        """Raw logits of one chunk of (query, passage) pairs, batched by length (less padding)."""
+        import torch
+
+        if self.model is None:
+            self._load()
+        order = sorted(range(len(pairs)), key=lambda i: -len(pairs[i][0]) - len(pairs[i][1]))
+        out = np.empty(len(pairs), np.float32)
+        size = int(self.opts["batch_size"])
+        with torch.inference_mode():
+            for s in range(0, len(order), size):
+                idx = order[s:s + size]
+                batch = self.tokenizer([pairs[i][0] for i in idx], [pairs[i][1] for i in idx], padding=True,
+                                       truncation=TRUNCATION, max_length=int(self.opts["max_length"]),
+                                       return_tensors="pt").to(self.device)
+                out[idx] = self.model(**batch).logits[:, 0].float().cpu().numpy()
+                bar.update(len(idx))
+        if not np.isfinite(out).all():  # never cached, never written
+            i = int(np.flatnonzero(~np.isfinite(out))[0])
+            raise FloatingPointError(f"teacher {self.folder}: NaN/inf score for the pair {pairs[i][0][:40]!r} / "
+                                     f"{pairs[i][1][:40]!r}")
+        return out
+
+    def score(self, queries: list[str], docs: list[str], pairs: np.ndarray) -> np.ndarray:
+        keys = [pair_key(queries[q], docs[d]) for q, d in pairs.tolist()]
+        known = self.cache.load()
+        scores = np.array([known.get(k, np.nan) for k in keys], dtype=np.float64)
+        missing = np.flatnonzero(np.isnan(scores))
+        self.counts = {"pairs_computed": len(missing), "pairs_cached": len(keys) - len(missing)}
+        step = int(self.opts["chunk_pairs"])
+        with tqdm(total=len(keys), initial=len(keys) - len(missing), desc=f"score {Path(self.folder).name}",
+                  unit="pair") as bar:
+            for s in range(0, len(missing), step):
+                rows = missing[s:s + step]
+                chunk = self._score_chunk([(queries[q], docs[d]) for q, d in pairs[rows].tolist()], bar)
+                self.cache.put([keys[i] for i in rows], chunk)
+                scores[rows] = chunk
+        return scores
+
+    def cache_stats(self) -> dict:
+        return {**self.counts, "chunks_read": self.cache.chunks_read, "chunks_written": self.cache.chunks_written,
+                "folder": str(self.cache.folder) if self.cache.folder else None}
+
+
+class BiEncoderTeacher:
+    kind = "bi-encoder"
+
+    def __init__(self, spec: dict, opts: dict):
+        from care.retrieval.scorer import EncoderScorer
+
+        self.opts, self.name = opts, spec["model"].get("label") or spec["model"].get("name") or spec["name"]
+        self.model = evaluation_model(spec["model"], opts.get("max_length"))
+        self.encoder = build_encoder(self.model, device=opts.get("device"))
+        self.fingerprint = self.encoder.fingerprint
+        self.cache = EmbeddingCache(opts["embedding_cache"]) if opts.get("embedding_cache") else None
+        self.scorer = EncoderScorer(self.encoder, self.cache, batch_size=int(opts["batch_size"]),
+                                    heads=opts.get("heads"), hybrid_weights=opts.get("hybrid_weights"))
+        self.method = "hybrid" if "hybrid" in self.scorer.methods else "dense"
+        self.scale = ("dense inner product" if self.method == "dense" else
+                      "hybrid of " + " + ".join(f"{w:g}*{h}" for h, w in self.scorer.hybrid_weights.items()
+                                                if h in self.scorer.heads and w) + " (/ their sum)")
+
+    def score(self, queries: list[str], docs: list[str], pairs: np.ndarray) -> np.ndarray:
+        scores = np.empty(len(pairs), dtype=np.float64)
+        if not len(pairs):
+            return scores
+        encoded = self.scorer.prepare(queries, docs)
+        order = np.argsort(pairs[:, 0], kind="stable")
+        starts = np.flatnonzero(np.diff(pairs[order, 0], prepend=-1))
+        for rows in tqdm(np.split(order, starts[1:]), desc="score pairs", unit="query", leave=False):
+            scores[rows] = encoded.score(self.method, int(pairs[rows[0], 0]), pairs[rows, 1])
+        return scores
+
+    def cache_stats(self) -> dict:
+        # the scorer's cache: a disabled one (embedding_cache=null) still counts the texts it encoded
+        return {"embedding_cache": str(self.cache.root) if self.cache else None,
+                "texts_cached": self.scorer.cache.hits, "texts_encoded": self.scorer.cache.misses}
+
+
+def load_teacher(spec: dict, opts: dict):
+    return (CrossEncoderTeacher if spec["kind"] == "cross-encoder" else BiEncoderTeacher)(spec, opts)
