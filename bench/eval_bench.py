@@ -8,6 +8,8 @@ On a slice of the open stand-in Retrieval slot (KUAKE-QTR dev queries against KU
 - the raw encoding of the same texts (Encoder.encode_queries / encode_documents, no cache, no search, no
   metrics) timed in the same run: overhead = evaluation time / raw encoding time;
 - the same evaluation again with the cache warm: speed-up = cold / warm;
+- the warm evaluation with the cache's per-read digest check (care/encoders/cache.py) and without it, in
+  alternation, median of `REPEATS`: what verifying every chunk costs a cached re-run (goal <= 1.10);
 - BM25 (bm25s + jieba) on the same slice, for scale.
 """
 from __future__ import annotations
@@ -27,6 +29,7 @@ from care.retrieval.scorer import EncoderScorer
 from data_pipeline.benchmarks import build
 
 QUERIES, DOCS = 100, 2000
+REPEATS = 9
 METRICS = ["ndcg_cut_10", "recall_100"]
 
 
@@ -47,6 +50,29 @@ def _timed(fn):
     return out, time.perf_counter() - start
 
 
+def digest_check_ratio(data: TaskData, encoder, cache_dir: str, cfg) -> dict:
+    """Median warm evaluation time with the chunk digests checked on every read, and with the check
+    replaced by a no-op (the cost the digests add), alternating so load drifts hit both alike."""
+    import statistics
+
+    from care.encoders import cache as cache_module
+
+    checked, unchecked = [], []
+    real = cache_module._mismatch
+    for _ in range(REPEATS):
+        for times, check in ((checked, real), (unchecked, lambda *a, **k: None)):
+            cache_module._mismatch = check
+            try:
+                scorer = EncoderScorer(encoder, EmbeddingCache(cache_dir), batch_size=cfg.batch_size,
+                                       show_progress=False)
+                times.append(_timed(lambda: run_retrieval(data, scorer, METRICS, depth=cfg.depth))[1])
+            finally:
+                cache_module._mismatch = real
+    a, b = statistics.median(checked), statistics.median(unchecked)
+    return {"eval_cached_checked_s": round(a, 3), "eval_cached_unchecked_s": round(b, 3),
+            "digest_check_ratio": round(a / b, 3)}
+
+
 def run() -> dict:
     cfg = load_config("evaluate")
     data = task_slice(cfg)
@@ -61,6 +87,7 @@ def run() -> dict:
         scorer = EncoderScorer(encoder, EmbeddingCache(tmp), batch_size=cfg.batch_size, show_progress=False)
         scores, cold = _timed(lambda: run_retrieval(data, scorer, METRICS, depth=cfg.depth))
         again, warm = _timed(lambda: run_retrieval(data, scorer, METRICS, depth=cfg.depth))
+        digests = digest_check_ratio(data, encoder, tmp, cfg)
     bm25, bm25_s = _timed(lambda: run_retrieval(data, BM25Scorer(), METRICS, depth=cfg.depth))
     return {
         "model": model["name"], "max_length": model["max_length"], "batch_size": cfg.batch_size,
@@ -69,6 +96,6 @@ def run() -> dict:
         "docs_per_s": round(len(docs) / cold, 1),
         "raw_encode_s": round(raw_q + raw_d, 2), "overhead_ratio": round(cold / (raw_q + raw_d), 3),
         "eval_cached_s": round(warm, 2), "cached_speedup": round(cold / warm, 1),
-        "cached_scores_identical": again == scores,
+        "cached_scores_identical": again == scores, **digests,
         "scores": scores["dense"], "bm25_s": round(bm25_s, 2), "bm25_scores": bm25["bm25"],
     }
