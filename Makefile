@@ -45,12 +45,12 @@ nano: model
 	$(PY) evaluate.py benchmark=nano '~benchmark@extra_benchmark' baselines=[bm25] gain_over=bm25 \
 		bm25.method=robertson bm25.tokenizer=wordseg run_name=nano_zeroshot
 
-# The main job, end to end on the shared data: the data pipeline (import, dedup, build, mine, benchmarks;
-# its per-stage table printed), the default CPU fine-tune, then the fine-tuned model scored beside its
+# The main job, end to end on the shared data: the data pipeline's stages training and evaluation read
+# (import, dedup, build, mine, benchmarks; its per-stage table printed; the Nano splits are `make nano`'s), the default CPU fine-tune, then the fine-tuned model scored beside its
 # zero-shot start and BM25 (the table printed).  Every step skips what is already done on a re-run.
 TRAIN_RUN := outputs/train/cpu_default-me5_small
 run: model
-	$(PY) -m data_pipeline
+	$(PY) -m data_pipeline stage=training
 	$(PY) train.py
 	$(PY) evaluate.py ckpt=$(TRAIN_RUN)/final
 
@@ -70,7 +70,7 @@ bench: model
 # steps; each run scored on the reduced benchmark, zero-shot me5 beside them, then one table over seeds.
 ABLATION_EVAL := benchmark=hn_ablation '~benchmark@extra_benchmark' baselines=[] max_length=128 efficiency.enabled=false
 ablation: model
-	$(PY) -m data_pipeline
+	$(PY) -m data_pipeline stage=training
 	$(PY) train.py -m experiment=hn_ablation 'run_name=hn_ablation-g$${trainer.group_size}-s$${seed}' \
 		trainer.group_size=1,2,4 seed=0,1,2
 	test -f outputs/eval/hn_ablation-zeroshot/summary.json || \
@@ -84,7 +84,7 @@ ablation: model
 
 # The ablation's longer regime: the same recipe for 60 steps, in-batch vs 3 mined hard negatives, 3 seeds.
 ablation-long: model
-	$(PY) -m data_pipeline
+	$(PY) -m data_pipeline stage=training
 	$(PY) train.py -m experiment=hn_ablation_long 'run_name=hn_ablation_long-g$${trainer.group_size}-s$${seed}' \
 		trainer.group_size=1,4 seed=0,1,2
 	for g in 1 4; do for s in 0 1 2; do \
@@ -106,7 +106,7 @@ SIGNALS_RUNS := $(foreach a,$(SIGNALS),$(foreach s,0 1 2,signals-$(a)-s$(s)))
 SIGNALS_EVALS := $(addprefix outputs/eval/,$(SIGNALS_RUNS))
 MRL_RUN := cpu_default-me5_small-mrl
 ablation-signals: model
-	for s in import dedup build mine benchmarks; do $(PY) -m data_pipeline stage=$$s || exit 1; done
+	$(PY) -m data_pipeline stage=training
 	$(PY) -m data_pipeline stage=mine mine.similarity=document 'mine.out_dir=$${data_dir}/mined/document'
 	$(PY) -m data_pipeline stage=mine mine.similarity=document mine.relative_margin=0.05 \
 		'mine.out_dir=$${data_dir}/mined/document-rm0.05'
