@@ -20,10 +20,6 @@ import pytest
 
 from care.paths import PROJECT_ROOT
 
-# Linked before they exist: another change of the same issue writes them.  A missing one is tolerated; once
-# the file exists its links and anchors are checked like any other.
-PENDING = {"conf/README.md"}  # issue #24: the map of conf/, written with the conf/ changes
-
 FENCE = re.compile(r"^\s{0,3}(`{3,}|~{3,})")
 HEADING = re.compile(r"^\s{0,3}(#{1,6})\s+(.*?)\s*#*\s*$")
 INLINE_CODE = re.compile(r"(`+)(.+?)\1")
@@ -106,8 +102,7 @@ def broken_links(path: Path, root: Path) -> list[str]:
         if not dest.is_relative_to(root):
             bad.append(f"{name}: points outside the repository")
         elif not dest.exists():
-            if dest.relative_to(root).as_posix() not in PENDING:
-                bad.append(f"{name}: no such file")
+            bad.append(f"{name}: no such file")
         elif anchor and dest.suffix == ".md" and dest.is_file() and unquote(anchor) not in anchors(dest):
             bad.append(f"{name}: no heading with anchor #{anchor} in {dest.relative_to(root)}")
     return bad
