@@ -36,7 +36,7 @@ from pathlib import Path
 from omegaconf import DictConfig, OmegaConf
 
 from care.data.io import atomic_open, write_json, write_jsonl
-from care.data.records import Pair, QueryCandidates, Text
+from care.data.records import Pair, QueryCandidates, Text, native_id
 from care.data.sources import code_files, read_source, source_files
 from care.data.stage_cache import claim_outputs, fingerprint, mark_in_progress, up_to_date
 
@@ -49,11 +49,6 @@ def _read(data: dict, name: str, **overrides):
     records, report = read_source(name, {**data["sources"][name], **overrides}, data["root"], data.get("on_error", "stop"))
     texts = {r.id: r.text for r in records if isinstance(r, Text)}
     return records, texts, report.as_dict()
-
-
-def _short(text_id: str) -> str:
-    """`source:role:native` -> native (ids in a task folder need no source prefix)."""
-    return text_id.rsplit(":", 1)[1]
 
 
 def _reranking_rows(lists: Iterable[tuple[str, dict[str, int]]], positive, counts: dict) -> list[dict]:
@@ -128,11 +123,11 @@ def build_cmedteb_open(data: dict, out: Path) -> dict:
         files={"test": data["sources"]["cmedqa2_pairs"]["files"]["test"]})
 
     records, texts, report = _read(data, "kuake_qtr")
-    titles = {_short(r.id): r.text for r in records if isinstance(r, Text) and r.role == "title"}
+    titles = {native_id(r.id): r.text for r in records if isinstance(r, Text) and r.role == "title"}
     queries, qrels, conflicts = {}, {}, 0
     for p in records:
         if isinstance(p, Pair) and p.split == "dev":
-            q, d = _short(p.text1_id), _short(p.text2_id)
+            q, d = native_id(p.text1_id), native_id(p.text2_id)
             queries[q] = texts[p.text1_id]
             judged = qrels.setdefault(q, {})
             conflicts += d in judged and judged[d] != p.label
@@ -164,13 +159,13 @@ def build_cmedqa2_retrieval(data: dict, out: Path) -> dict:
     test = {"test": data["sources"]["cmedqa2_pairs"]["files"]["test"]}
     # The corpus is every answer of the test file, the untrusted questions' answers included.
     every, _, _ = _read(data, "cmedqa2_pairs", files=test, min_positives=0, max_positives=None)
-    corpus = {_short(r.id): r.text for r in every if isinstance(r, Text) and r.role == "answer"}
+    corpus = {native_id(r.id): r.text for r in every if isinstance(r, Text) and r.role == "answer"}
     records, texts, report = _read(data, "cmedqa2_pairs", files=test)
     queries, qrels = {}, {}
     for qc in records:
         if isinstance(qc, QueryCandidates):
-            queries[_short(qc.query_id)] = texts[qc.query_id]
-            qrels[_short(qc.query_id)] = {_short(d): 1 for d, label in qc.candidates if label >= 1}
+            queries[native_id(qc.query_id)] = texts[qc.query_id]
+            qrels[native_id(qc.query_id)] = {native_id(d): 1 for d, label in qc.candidates if label >= 1}
     return {"cmedqa2_test": {"source": "ChineseBLUE cMedQA2 test: trusted questions (1-2 positives) against all "
                                        "answers of the test file", **_write_beir(out / "cmedqa2_test", "test", corpus, queries, qrels),
                              "reader": report}}

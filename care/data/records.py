@@ -23,6 +23,12 @@ def text_id(source: str, role: str, native: str) -> str:
     return f"{source}:{role}:{native}"
 
 
+def native_id(text_id: str) -> str:
+    """`source:role:native` -> native (text_id's inverse).  Exactly the first two fields go: cMedIR's natives
+    are urls (`cmedir:title:http://...`), so splitting at the last ':' would cut them."""
+    return text_id.split(":", 2)[2]
+
+
 @dataclass(frozen=True)
 class Text:
     id: str

@@ -22,9 +22,9 @@ import random
 from collections import Counter
 from collections.abc import Collection, Iterable, Mapping, Sequence
 
-CANDIDATE_TOP_K = 500     # length of the BM25 and dense lists (docs/nano.md s.5-6)
+from care.data.nano import HYBRID_TOP_K  # fused candidates kept before the safeguard (docs/nano.md s.7-8)
+
 RRF_K = 100               # the constant in 1 / (k + rank) (s.7)
-HYBRID_TOP_K = 100        # fused candidates kept before the safeguard (s.7)
 SAFEGUARD_SEED = 20260524  # HAKARI's seed for the safeguard choice (s.8)
 CONSTRUCTION_POLICY = "RRF top-100 plus optional safeguard positive at rank 101"
 SAFEGUARD_REASON = "missing_positive_in_rrf_top_100"

@@ -21,7 +21,6 @@ import numpy as np
 
 from care.data.io import atomic_open
 
-TEXT_COLUMNS = ("_id", "text")
 MTEB_QRELS = "mteb_qrels"
 LABELS = {"bm25": "BM25", "reranking_hybrid": "Hybrid"}  # the dense config is labelled "Dense"
 

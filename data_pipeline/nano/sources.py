@@ -22,7 +22,7 @@ from pathlib import Path
 
 from care.data.io import DataError, read_jsonl_numbered, text_lines
 from care.data.nano import config_files, read_rows
-from care.data.records import Pair, QueryCandidates, Text
+from care.data.records import Pair, QueryCandidates, Text, native_id
 from care.data.sources import read_source
 
 # docs/nano.md s.2: the columns HAKARI looks at, in its order of preference.
@@ -256,12 +256,6 @@ def read_task(path, split: str | None = None, name: str | None = None) -> Source
 
 
 # ---- the shared data's retrieval-shaped evaluation splits -----------------------------------------------
-
-def native_id(text_id: str) -> str:
-    """`source:role:native` -> native.  Exactly the first two fields go: cMedIR's natives are urls
-    (`cmedir:title:http://...`), so splitting at the last ':' would cut them."""
-    return text_id.split(":", 2)[2]
-
 
 def _read(data: dict, name: str, **overrides) -> tuple[list, dict[str, Text], dict]:
     opts = {**data["sources"][name], **overrides}
