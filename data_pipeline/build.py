@@ -26,27 +26,16 @@ from __future__ import annotations
 import math
 import random
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
 from care.data.io import DataError, read_jsonl, read_jsonl_numbered, read_text_store, write_json, write_jsonl
+from care.data.records import Example
 from care.data.stage_cache import claim_outputs, fingerprint, mark_in_progress, up_to_date
 from data_pipeline.leakage import EvalSet, admitted_texts, apply_leakage_rule
 
 FROM = {"pairs": "pairs.jsonl", "candidates": "candidates.jsonl"}
-
-
-@dataclass
-class Example:
-    query_id: str
-    pos_ids: list[str]
-    rule: str
-    pool: str
-
-    def row(self) -> dict:
-        return {"query_id": self.query_id, "pos_ids": self.pos_ids, "rule": self.rule, "pool": self.pool}
 
 
 # ---- reading the import files ------------------------------------------------------------------------

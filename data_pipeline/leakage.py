@@ -11,13 +11,10 @@ from __future__ import annotations
 import dataclasses
 from collections import defaultdict
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
+from care.data.records import Example
 from data_pipeline.dedup.minhash import SEED, shingles, similar_pairs
 from data_pipeline.dedup.normalize import Normalizer
-
-if TYPE_CHECKING:
-    from data_pipeline.build import Example
 
 
 @dataclass

@@ -3,6 +3,7 @@
 A reader turns its files into `Text`s (each text once, with an id unique across all sources), `Pair`s
 (two text ids and a label: STS, paraphrase, query-title relevance) and `QueryCandidates` (one query with
 its judged candidate list: answer selection, reranking, qrels).  Records refer to texts by id only.
+`Example` is what the build stage makes of them: one training example (a query and its positives).
 """
 from __future__ import annotations
 
@@ -71,3 +72,16 @@ def to_json(record: Text | Pair | QueryCandidates) -> dict:
     elif isinstance(record, Pair) and record.category is None:
         del row["category"]
     return row
+
+
+@dataclass
+class Example:
+    """A training example of the build stage (data_pipeline/build.py): a query id, its positive ids, the
+    build rule it came from and the pool its negatives are mined in; the leakage rule reads it too."""
+    query_id: str
+    pos_ids: list[str]
+    rule: str
+    pool: str
+
+    def row(self) -> dict:
+        return {"query_id": self.query_id, "pos_ids": self.pos_ids, "rule": self.rule, "pool": self.pool}

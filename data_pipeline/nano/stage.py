@@ -86,7 +86,7 @@ def dense_lists(sel: Selection, encoder, cache, opts: dict, split: str) -> dict[
 def leakage_check(selections: dict[str, Selection], build_dir: Path, opts: dict) -> dict:
     """Every Nano query and (query, positive) pair against the build stage's training texts (examples and
     unlabelled texts), by the build stage's own rule.  Returns per split the counts; a leak is an error."""
-    from data_pipeline.build import Example
+    from care.data.records import Example
     from data_pipeline.leakage import EvalSet, LeakageDetector
 
     examples_file = build_dir / "examples.jsonl"
