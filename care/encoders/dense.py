@@ -4,8 +4,8 @@ optional Matryoshka truncation.  multilingual-e5-small and the tiny test models 
 `backend` picks what runs the forward pass (the tokeniser, pooling and normalisation stay the same):
 
 torch        the Hugging Face model in PyTorch (default; the only one that trains, and the only one on a GPU)
-onnx         the model exported to ONNX and run by ONNX Runtime, fp32: CPU only, needs `onnxruntime` and
-             `onnx`.  The same network: vectors within ~1e-7 of torch's, every score of `evaluate.py` equal
+onnx         the model exported to ONNX and run by ONNX Runtime (care/encoders/onnx_backend.py, which a CARE
+             query tower shares), fp32: CPU only, needs `onnxruntime` and `onnx`.  The same network: vectors within ~1e-7 of torch's, every score of `evaluate.py` equal
              to 4 decimals for me5_small, and 1.8-2.1x the documents/s of the torch path on 2 cores
              (bench/encode_bench.py); exporting costs 10-20 s at load.  The CPU option for a first evaluation.
 onnx_int8    that export dynamically quantised to int8 by ONNX Runtime (per-channel weights)
@@ -22,10 +22,7 @@ one backend to another; torch adds nothing, so the vectors cached before backend
 """
 from __future__ import annotations
 
-import logging
-import tempfile
 from collections.abc import Callable, Sequence
-from pathlib import Path
 
 import numpy as np
 import torch
@@ -33,6 +30,7 @@ from tqdm.auto import tqdm
 from transformers import AutoTokenizer
 
 from care.encoders.base import Embeddings, Encoder
+from care.encoders.onnx_backend import OnnxForward, padded_example
 from care.encoders.prompts import Prompts
 from care.models.hub import load_encoder_model, resolve_model_path, weights_digest
 from care.models.pooling import pool
@@ -94,63 +92,6 @@ def quantize_linear_int8(model: torch.nn.Module) -> torch.nn.Module:
         return quantize_dynamic(model, {torch.nn.Linear: per_channel_dynamic_qconfig}, inplace=True)
 
 
-class OnnxForward:
-    """`model(**batch).last_hidden_state` of a Hugging Face encoder, by ONNX Runtime: the model is exported
-    (torch.onnx, the TorchScript exporter, dynamic batch and sequence axes), optionally quantised to int8
-    (onnxruntime.quantization.quantize_dynamic, per-channel weights), loaded into a session with as many
-    intra-op threads as torch uses, and the files removed: a session holds its graph in memory."""
-
-    def __init__(self, model: torch.nn.Module, example: dict[str, torch.Tensor], int8: bool = False):
-        try:
-            import onnxruntime as ort
-        except ImportError as e:
-            raise ImportError("the onnx / onnx_int8 backends need onnxruntime and onnx "
-                              "(pip install onnxruntime==1.32.0 onnx==1.23.2)") from e
-        self.names = list(example)
-        with tempfile.TemporaryDirectory() as tmp:
-            path = Path(tmp) / "model.onnx"
-            self._export(model, example, path)
-            if int8:
-                from onnxruntime.quantization import QuantType, quantize_dynamic
-
-                quantized = Path(tmp) / "model.int8.onnx"
-                previous = logging.root.manager.disable
-                logging.disable(logging.WARNING)  # one INFO line per tensor, and advice, to the root logger
-                try:
-                    quantize_dynamic(path, quantized, weight_type=QuantType.QInt8, per_channel=True)
-                finally:
-                    logging.disable(previous)
-                path = quantized
-            options = ort.SessionOptions()
-            options.intra_op_num_threads = torch.get_num_threads()
-            options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-            self.session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
-
-    def _export(self, model: torch.nn.Module, example: dict[str, torch.Tensor], path: Path) -> None:
-        import warnings
-
-        names = self.names
-
-        class LastHidden(torch.nn.Module):
-            def __init__(self):
-                super().__init__()
-                self.model = model
-
-            def forward(self, *inputs):
-                return self.model(**dict(zip(names, inputs))).last_hidden_state
-
-        axes = {n: {0: "batch", 1: "tokens"} for n in [*names, "last_hidden_state"]}
-        with warnings.catch_warnings(), torch.no_grad():  # the TorchScript exporter warns of its deprecation
-            warnings.simplefilter("ignore")
-            torch.onnx.export(LastHidden().eval(), tuple(example[n] for n in names), str(path), input_names=names,
-                              output_names=["last_hidden_state"], dynamic_axes=axes, opset_version=17,
-                              dynamo=False)
-
-    def __call__(self, **batch: torch.Tensor) -> torch.Tensor:
-        feed = {n: batch[n].cpu().numpy() for n in self.names}
-        return torch.from_numpy(self.session.run(None, feed)[0])
-
-
 def progress_label(name: str, side: str) -> str:
     return f"{name} {'queries' if side == 'query' else 'documents'}"
 
@@ -187,9 +128,8 @@ class HFDenseEncoder(Encoder):
         if backend == "torch_int8":
             quantize_linear_int8(self.model)
         elif backend in ("onnx", "onnx_int8"):
-            # A padded example: with no padding in it, transformers would trace the attention mask away.
-            example = self.tokenizer(["a", "a " * 8], padding=True, return_tensors="pt")
-            self._onnx = OnnxForward(self.model, dict(example), int8=backend == "onnx_int8")
+            example = padded_example(lambda t: self.tokenizer(t, padding=True, return_tensors="pt"))
+            self._onnx = OnnxForward(self.model, example, int8=backend == "onnx_int8")
 
     def identity(self, side: str) -> dict:
         ident = {"class": type(self).__name__, "weights": weights_digest(self.path),

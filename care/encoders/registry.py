@@ -2,7 +2,8 @@
 
 dense  one backbone, pooled and normalised (multilingual-e5-small, bge-large-zh, tiny test models)
 m3     BGE-M3 style: one backbone, dense + sparse + ColBERT heads (care.encoders.m3)
-care   two towers: a small query tower online, a large document tower offline (care.encoders.care)
+care   two towers: a small query tower online, a large document tower offline (care.encoders.care);
+       `query.backend: torch | onnx` runs the query tower's backbone in torch or ONNX Runtime
 
 `detect(folder, model_cfg)` says which model config builds a folder: a training run's final/ records its
 own, an M3 checkpoint has the head files, any other Hugging Face folder is built like `model_cfg`.
@@ -39,8 +40,9 @@ def build_encoder(cfg: DictConfig | dict, device: str | None = None) -> Encoder:
 
         return M3Encoder(str(c["path"]), truncate_dim=c.get("truncate_dim"), **common)
     if kind == "care":
-        from care.encoders.care import CAREEncoder
+        from care.encoders.care import CAREEncoder, check_query_backend
 
+        check_query_backend(c["query"], c["document"])  # model.query.backend: refused before any tower is built
         ensure_towers(c)
         return CAREEncoder(tower_config(c["query"]), tower_config(c["document"]), name=c.get("name", kind),
                            prompts=tower_prompts(c), device=device)

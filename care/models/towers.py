@@ -38,9 +38,13 @@ class TowerSpec:
     @classmethod
     def from_config(cls, c: dict, where: str) -> TowerSpec:
         known = set(cls.__dataclass_fields__)
-        unknown = set(c) - known - {"build"}
+        unknown = set(c) - known - {"build", "backend"}
         if unknown:
-            raise ValueError(f"{where}: unknown keys {sorted(unknown)} (known: {sorted(known | {'build'})})")
+            raise ValueError(f"{where}: unknown keys {sorted(unknown)} (known: {sorted(known | {'build', 'backend'})})")
+        # `backend` says what runs a query tower when it encodes (care/encoders/care.py strips it before loading);
+        # a tower loaded here otherwise is trained or wrapped live, and that is torch
+        if c.get("backend", "torch") != "torch":
+            raise ValueError(f"{where}.backend={c['backend']!r} only encodes; train with {where}.backend=torch")
         spec = cls(**{k: v for k, v in c.items() if k in known})
         if spec.pooling not in POOLING:
             raise ValueError(f"{where}.pooling={spec.pooling!r}: choose one of {', '.join(POOLING)}")
@@ -115,10 +119,15 @@ class Tower(nn.Module):
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, **inputs) -> dict[str, torch.Tensor]:
         hidden = self.model(input_ids=input_ids, attention_mask=attention_mask, **inputs).last_hidden_state
+        return {"dense": self.vectors(hidden, attention_mask)}
+
+    def vectors(self, hidden: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        """The tower's vectors from its backbone's last hidden states, whatever ran the backbone (torch here,
+        ONNX Runtime for an `onnx` query tower, care/encoders/care.py): pooled, normalised, cut."""
         pooled = pool(hidden, attention_mask, self.spec.pooling)
         # at least fp32 (bf16 vectors lose the ranking), never below the weights' own: a float64 run stays exact
         vec = F.normalize(pooled.to(torch.promote_types(pooled.dtype, torch.float32)), dim=-1)
-        return {"dense": vec[:, : self.truncate_dim] if self.truncate_dim else vec}
+        return vec[:, : self.truncate_dim] if self.truncate_dim else vec
 
     def identity(self) -> dict:
         """What changes its vectors: the weights (their digest, not where they lie: a copied or hard-linked
