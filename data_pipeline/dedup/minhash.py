@@ -20,7 +20,7 @@ Two backends compute the same result.
   of `MinHash(num_perm, seed)`) over every text in cache-sized blocks, banding groups equal band values with
   a sort, and the exact Jaccard of every candidate is counted on sorted id arrays.
 - "datasketch": one MinHash per text from `MinHash.generator`, datasketch's MinHashLSH, Python set Jaccard:
-  the reference the numpy backend is tested against (tests/test_minhash_fast.py) and timed against
+  the reference the numpy backend is tested against (tests/test_minhash_numpy.py) and timed against
   (bench/dedup_bench.py).
 Why not datasketch's MinHashLSH in the fast path: profiled (cProfile) on 80K distinct texts of the import
 store, its per-text inserts and queries (a bytes key per band, Python sets per bucket and per query) took
