@@ -17,10 +17,10 @@ from torch.utils._pytree import tree_flatten
 from care.config import model_config
 from care.encoders import build_encoder
 from care.encoders.m3 import M3Encoder
-from care.encoders.scores import score_matrix
 from care.models import m3
 from care.models.m3 import M3Model, tiny_m3
 from care.paths import PROJECT_ROOT
+from care.retrieval.scorer import EncoderScorer
 from care.training.losses import M3Loss
 
 HEADS = ("dense", "sparse", "colbert")
@@ -53,8 +53,10 @@ def test_flagembedding_loads_our_checkpoint_with_same_scores(tmp_path, texts):
                           query_max_length=64, passage_max_length=64)
     kw = {"return_dense": True, "return_sparse": True, "return_colbert_vecs": True}
     fq, fd = flag.encode_queries(texts["queries"], **kw), flag.encode_corpus(texts["docs"], **kw)
-    oq = ours.encode_queries(texts["queries"], heads=HEADS)
-    od = ours.encode_documents(texts["docs"], heads=HEADS)
+    scorer = EncoderScorer(ours, heads=list(HEADS), show_progress=False)  # what evaluation scores with
+    pair = scorer.prepare(texts["queries"], texts["docs"])
+    od = pair.d
+    every_doc = np.arange(len(texts["docs"]))
 
     expected = {
         "dense": fq["dense_vecs"] @ fd["dense_vecs"].T,
@@ -63,7 +65,8 @@ def test_flagembedding_loads_our_checkpoint_with_same_scores(tmp_path, texts):
                              for a in fq["colbert_vecs"]]),
     }
     for head in HEADS:
-        np.testing.assert_allclose(score_matrix(oq, od, head), expected[head], atol=1e-5, err_msg=head)
+        ours_scores = np.stack([pair.score(head, qi, every_doc) for qi in range(len(texts["queries"]))])
+        np.testing.assert_allclose(ours_scores, expected[head], atol=1e-5, err_msg=head)
     assert (expected["sparse"] > 0).any()  # the lexical scores are not trivially zero
     # random tiny models give near-identical dense scores, so compare the vectors themselves too
     np.testing.assert_allclose(od.dense, fd["dense_vecs"], atol=1e-5)
