@@ -65,7 +65,7 @@ def digest_check_ratio(data: TaskData, encoder, cache_dir: str, cfg) -> dict:
             try:
                 scorer = EncoderScorer(encoder, EmbeddingCache(cache_dir), batch_size=cfg.batch_size,
                                        show_progress=False)
-                times.append(_timed(lambda: run_retrieval(data, scorer, METRICS, depth=cfg.depth))[1])
+                times.append(_timed(lambda s=scorer: run_retrieval(data, s, METRICS, depth=cfg.depth))[1])
             finally:
                 cache_module._mismatch = real
     a, b = statistics.median(checked), statistics.median(unchecked)
