@@ -21,6 +21,8 @@ BENCHES = {
     "eval": "bench.eval_bench",
     "train": "bench.train_bench",
     "encode": "bench.encode_bench",
+    "care_step": "bench.care_step_bench",
+    "latency": "bench.latency_bench",
 }
 
 

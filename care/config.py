@@ -61,10 +61,23 @@ def without_keys(config: dict, keys: Sequence[str]) -> dict:
     return c
 
 
+# Trainer keys newer than run folders already on disk, with the value that keeps the behaviour those runs had:
+# at that value a key is left out of a run's config hash (care/training/trainer.py run_hash) and of its recipe,
+# so a run begun before the key existed still resumes, is still recognised as finished, and groups with the
+# runs of its recipe recorded before the key existed.
+NEUTRAL_TRAINER = {"batching": "mixed", "rule_weights": None}
+
+
+def neutral_trainer_keys(config) -> list[str]:
+    """The trainer keys of NEUTRAL_TRAINER that `config` (a dict or DictConfig) holds at their neutral value."""
+    trainer = config.get("trainer") or {}
+    return [f"trainer.{k}" for k, v in NEUTRAL_TRAINER.items() if k in trainer and trainer.get(k) == v]
+
+
 def recipe(config: dict, ignore: Sequence[str] = ("seed",)) -> dict:
     """A training config's recipe: without the run settings and without `ignore` (the seed, so that runs
     of one recipe over several seeds group together: evaluation's comparison, wandb's run groups)."""
-    return without_keys(config, (*RUN_SETTINGS, *ignore))
+    return without_keys(config, (*RUN_SETTINGS, *ignore, *neutral_trainer_keys(config)))
 
 
 def recipe_group(config: dict, ignore: Sequence[str] = ("seed",)) -> str:

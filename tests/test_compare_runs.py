@@ -131,3 +131,11 @@ def test_one_model_scored_whole_and_cut_is_two_groups(tmp_path):
     (cut / "summary.json").write_text(json.dumps(summary))
     found = compare([whole, cut])["groups"]
     assert [g["label"] for g in found] == ["scored_at_dim=-", "scored_at_dim=128"]
+
+
+def test_a_newer_trainer_key_at_its_neutral_value_keeps_the_recipe():
+    """Records written before trainer.batching existed group with new ones at batching=mixed (and a
+    non-neutral value is its own recipe), as a run's config hash treats them (care/training/trainer.py)."""
+    old = {"seed": 0, "trainer": {"lr": 2e-5}}
+    assert recipe_group(old) == recipe_group({**old, "trainer": {"lr": 2e-5, "batching": "mixed", "rule_weights": None}})
+    assert recipe_group(old) != recipe_group({**old, "trainer": {"lr": 2e-5, "batching": "by_rule"}})

@@ -4,7 +4,7 @@ embeddings computed offline).  Each tower is a plain Hugging Face folder (config
 the fast tokenizer files, manifest.json) that AutoModel / AutoTokenizer load from the folder alone.
 
     python -m care.tools.build_towers tiny OUT [--seed S] [--force]
-    python -m care.tools.build_towers cut SRC OUT --layers N [--force]
+    python -m care.tools.build_towers cut SRC OUT --layers N [--pick first|spread] [--force]
 
 - `tiny OUT`: OUT/query = a 2-layer hidden-32 BERT with the real bert-base-chinese vocabulary
   (care.models.tiny.tiny_bert); OUT/document = a 2-layer hidden-64 Qwen3 (care.models.tiny.tiny_qwen3)
@@ -13,8 +13,10 @@ the fast tokenizer files, manifest.json) that AutoModel / AutoTokenizer load fro
   no token_type_ids.  The document tower is wider than the query tower, as CARE needs (the document vector,
   normalised at full width, is cut to the query width).  Seeded: the same seed gives the same weights.
 - `cut SRC OUT --layers N`: a BertModel-family folder (default source: the offline multilingual-e5-small,
-  built first when missing) cut to its embeddings and first N transformer layers; num_hidden_layers=N; the
-  tokenizer files copied byte for byte.  Its output equals the source's hidden_states[N].
+  built first when missing) cut to its embeddings and N of its transformer layers; num_hidden_layers=N; the
+  tokenizer files copied byte for byte.  `--pick first` (the default): layers 0..N-1, so its output equals
+  the source's hidden_states[N]; `--pick spread`: N layers spread over the depth (`picked_layers`).  The
+  manifest records the source layers kept (`picked_layers`).
 - `ensure_towers(spec)`: what the model registry calls when a configured tower folder is missing.
 
 Every build runs under a file lock beside OUT (concurrent callers: one builds, the others then skip), writes a
@@ -230,8 +232,37 @@ def _load_bert_family(folder: Path):
     return AutoModel.from_pretrained(folder, dtype="auto", add_pooling_layer=False)
 
 
-def build_cut(source: str | Path | None, out: str | Path, layers: int, force: bool = False) -> dict:
-    """OUT = SOURCE's embeddings + transformer layers 0..layers-1 (num_hidden_layers=layers) and its tokenizer."""
+PICKS = ("first", "spread")
+
+
+def picked_layers(total: int, n: int, pick: str = "first") -> list[int]:
+    """The source layers (0-based, in order) a cut to `n` of `total` layers keeps.
+
+    first:  0 .. n-1 (the output is the source's hidden_states[n]).
+    spread: n layers evenly spaced over the depth, the first and the last always kept: layer
+            floor(i (total - 1) / (n - 1) + 1/2) for i = 0 .. n-1 (n = 1: the last layer alone), e.g.
+            12 -> 4: 0, 4, 7, 11; 12 -> 6: 0, 2, 4, 7, 9, 11; n = total: every layer.  Layer 0 reads the kept
+            embeddings and the last layer's output is what the source's pooling was trained on, so the stack
+            starts and ends as the source's does, with the skipped layers spread evenly between (gaps differ
+            by at most one layer; the indices are distinct, each step being >= 1 layer).
+    """
+    if pick not in PICKS:
+        raise ValueError(f"pick={pick!r}: choose one of {', '.join(PICKS)}")
+    if not 1 <= n <= total:
+        raise ValueError(f"cannot keep {n} of {total} layers")
+    if pick == "first":
+        return list(range(n))
+    if n == 1:
+        return [total - 1]
+    return [(2 * i * (total - 1) + (n - 1)) // (2 * (n - 1)) for i in range(n)]
+
+
+def build_cut(source: str | Path | None, out: str | Path, layers: int, force: bool = False,
+              pick: str = "first") -> dict:
+    """OUT = SOURCE's embeddings + the transformer layers `picked_layers(source layers, layers, pick)`
+    (num_hidden_layers=layers) and its tokenizer."""
+    from torch import nn
+
     from care.models.hub import weights_digest
 
     source = Path(source or default_source()).resolve()
@@ -246,17 +277,19 @@ def build_cut(source: str | Path | None, out: str | Path, layers: int, force: bo
     if isinstance(layers, bool) or not isinstance(layers, int) or not isinstance(full, int) or not 1 <= layers <= full:
         raise ValueError(f"--layers must be an integer from 1 to {full} (the layers {source.name} has), "
                          f"got {layers!r}")
+    picks = picked_layers(full, layers, pick)
     out = Path(out).resolve()
     if out == source:
         raise ValueError(f"cut would overwrite its source {source}")
+    # `first` keeps the key it had before `pick` existed, so folders cut then stay up to date
     key = {"builder_version": BUILDER_VERSION, "tool": "cut", "source_digest": weights_digest(source),
-           "layers": layers}
+           "layers": layers, **({} if pick == "first" else {"pick": pick})}
 
     def write(tmp: Path) -> dict:
         from transformers import AutoTokenizer
 
         model = _load_bert_family(source)
-        model.encoder.layer = model.encoder.layer[:layers]
+        model.encoder.layer = nn.ModuleList(model.encoder.layer[i] for i in picks)
         model.config.num_hidden_layers = layers
         model.save_pretrained(tmp)
         copied = sorted(f.name for f in source.iterdir() if f.is_file() and TOKENIZER_FILES.match(f.name))
@@ -269,8 +302,9 @@ def build_cut(source: str | Path | None, out: str | Path, layers: int, force: bo
         if ids[0] != ids[1]:
             raise RuntimeError(f"the tokenizer copied into {out} tokenizes differently from {source}'s")
         write_st_files(tmp, {"kind": "dense", "pooling": declared_pooling(source) or "cls", "max_length": MAX_LENGTH})
-        return {"source": str(source), "source_layers": full, "layers": layers, "tokenizer_files": copied,
-                "hidden": model.config.hidden_size, **_n_params(model)}
+        return {"source": str(source), "source_layers": full, "layers": layers, "pick": pick,
+                "picked_layers": picks, "tokenizer_files": copied, "hidden": model.config.hidden_size,
+                **_n_params(model)}
 
     return _locked_build(out, key, force, write)
 
@@ -284,11 +318,12 @@ def ensure_towers(spec: Mapping) -> None:
     `spec` names the builder and its arguments, as the command line does:
         {"tool": "tiny", "out": PATH}                                   (optional: "seed")
             -> PATH/query and PATH/document
-        {"tool": "cut", "source": PATH, "layers": N, "out": PATH}       ("source" may be left out: me5)
+        {"tool": "cut", "source": PATH, "layers": N, "out": PATH}       ("source" may be left out: me5;
+                                                                         optional: "pick", first | spread)
     """
     spec = dict(spec)
     tool, out = spec.pop("tool", None), spec.pop("out", None)
-    allowed = {"tiny": {"seed"}, "cut": {"source", "layers"}}
+    allowed = {"tiny": {"seed"}, "cut": {"source", "layers", "pick"}}
     if tool not in allowed:
         raise ValueError(f"tower spec 'tool' must be 'tiny' or 'cut', got {tool!r}")
     if out is None:
@@ -300,7 +335,7 @@ def ensure_towers(spec: Mapping) -> None:
     elif "layers" not in spec:
         raise ValueError("tower spec for 'cut' needs 'layers'")
     else:
-        build_cut(spec.get("source"), out, layers=spec["layers"])
+        build_cut(spec.get("source"), out, layers=spec["layers"], pick=spec.get("pick") or "first")
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -309,10 +344,12 @@ def main(argv: list[str] | None = None) -> None:
     tiny = sub.add_parser("tiny", help="OUT/query (tiny BERT) and OUT/document (tiny Qwen3)")
     tiny.add_argument("out", type=Path)
     tiny.add_argument("--seed", type=int, default=0)
-    cut = sub.add_parser("cut", help="a BertModel-family folder cut to its first N layers")
+    cut = sub.add_parser("cut", help="a BertModel-family folder cut to N of its layers")
     cut.add_argument("source", type=Path)
     cut.add_argument("out", type=Path)
     cut.add_argument("--layers", type=int, required=True)
+    cut.add_argument("--pick", choices=PICKS, default="first",
+                     help="first: layers 0..N-1 (default); spread: N layers evenly over the depth, first and last kept")
     for p in (tiny, cut):
         p.add_argument("--force", action="store_true", help="rebuild even when OUT is up to date")
     a = ap.parse_args(argv)
@@ -320,7 +357,7 @@ def main(argv: list[str] | None = None) -> None:
         if a.tool == "tiny":
             build_tiny(a.out, seed=a.seed, force=a.force)
         else:
-            build_cut(a.source, a.out, layers=a.layers, force=a.force)
+            build_cut(a.source, a.out, layers=a.layers, force=a.force, pick=a.pick)
 
 
 if __name__ == "__main__":

@@ -6,6 +6,12 @@ text come from the embedding cache (computed once, or written beforehand by `enc
 in the optimizer.  Stage II (joint): the query tower starts from stage I's; a LoRA (peft) on the document
 tower trains with it, on every attention and MLP projection of the document model, found per architecture.
 
+Stage I's recipe-study options (care.training.care_recipe): with `query_text_max_length` /
+`document_text_max_length` set, the query tower tokenizes each training text with its kind's limit (the
+kind recorded in stage I's texts.jsonl), which may exceed model.query.max_length (the limit at inference,
+unchanged); a kind left null keeps the loop's limit (trainer.query_max_length, capped by
+model.query.max_length, as without the option).  `heldout` lists the held-out slice's texts.
+
 A saved model folder holds query/ and document/ (each a Hugging Face folder with its tokenizer) and, after
 stage II, the LoRA adapter in document_adapter/ beside the merged document/.  In stage I the document tower
 is the frozen start, hard-linked into every folder (care.data.io.link_or_copy_tree): each folder loads
@@ -25,7 +31,7 @@ from accelerate import PartialState
 from omegaconf import DictConfig, OmegaConf
 from torch import nn
 
-from care.data.io import link_or_copy_tree, read_text_store, write_json
+from care.data.io import link_or_copy_tree, read_jsonl, read_text_store, write_json
 from care.encoders.cache import EmbeddingCache, embed
 from care.encoders.care import CAREEncoder
 from care.encoders.registry import ensure_towers, tower_config, tower_prompts
@@ -35,6 +41,7 @@ from care.models.towers import Tower, care_towers
 from care.training.model import freeze, training_dtype
 
 STAGES = ("stage1", "stage2")
+KINDS = ("query", "document")  # stage I's kinds of text (care.training.care_recipe.text_kind)
 # A linear layer inside a numbered transformer block (BERT: encoder.layer.3.attention.self.query;
 # Qwen3: layers.3.mlp.down_proj): an attention or MLP projection, the layers CARE's LoRA adapts.
 BLOCK_LINEAR = re.compile(r"(^|\.)(layer|layers|h|block|blocks)\.\d+\.")
@@ -47,6 +54,53 @@ def lora_targets(model: nn.Module) -> list[str]:
         raise ValueError(f"found no linear layer inside numbered transformer blocks of {type(model).__name__}: "
                          "cannot place the LoRA")
     return names
+
+
+def tokenize_with_limits(tower: Tower, texts: Sequence[str], limits: Sequence[int]) -> dict[str, torch.Tensor]:
+    """Tower.tokenize with a token limit per text (not capped by the tower's max_length): each text
+    truncated to its own limit (the end token kept, as Tower.tokenize does), then the batch padded."""
+    tok, features = tower.tokenizer, [None] * len(texts)
+    for limit in sorted(set(limits)):
+        at = [i for i, n in enumerate(limits) if n == limit]
+        if tower.add_eos:
+            eos = tok.eos_token_id
+            ids = tok([texts[i] for i in at], truncation=True, max_length=limit - 1)["input_ids"]
+            rows = [{"input_ids": r if r and r[-1] == eos else r + [eos]} for r in ids]
+        else:
+            enc = tok([texts[i] for i in at], truncation=True, max_length=limit)
+            rows = [{k: v[j] for k, v in enc.items()} for j in range(len(at))]
+        for i, row in zip(at, rows):
+            features[i] = row
+    return dict(tok.pad(features, padding=True, return_tensors="pt"))
+
+
+def stage1_annotations(texts_path: str | Path) -> tuple[dict[str, str], list[str]]:
+    """({text: kind}, held-out texts) from stage I's texts.jsonl (care.training.care_recipe writes both)."""
+    rows = list(read_jsonl(texts_path))
+    kinds = {r["text"]: r.get("kind") for r in rows}
+    if any(k not in KINDS for k in kinds.values()):
+        raise ValueError(f"{texts_path} gives no kind (query / document) to some texts: stage I's texts with "
+                         "kinds are written by care.training.care_recipe.stage_config")
+    return kinds, [r["text"] for r in rows if r.get("heldout")]
+
+
+def check_cut_folders(m: dict) -> None:
+    """Refuse a tower folder cut otherwise (layers, pick) than its `build:` asks: the model registry
+    (care.encoders.registry.ensure_towers) builds a tower only when its folder is missing, so
+    `build.pick=spread` over a folder cut with `first` would otherwise train the wrong tower."""
+    for side in ("query", "document"):
+        build, path = m[side].get("build") or {}, m[side].get("path")
+        if build.get("tool") != "cut" or not path or Path(build.get("out") or "").resolve() != Path(path).resolve():
+            continue
+        try:
+            key = json.loads((Path(path) / "manifest.json").read_text(encoding="utf-8"))["key"]
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+        built, asked = (key.get("layers"), key.get("pick", "first")), (build.get("layers"), build.get("pick") or "first")
+        if key.get("tool") == "cut" and built != asked:
+            raise ValueError(f"model.{side}.path={path} was cut with layers={built[0]}, pick={built[1]}, and "
+                             f"model.{side}.build asks layers={asked[0]}, pick={asked[1]}: give this cut its own "
+                             f"folder (model.{side}.build.out and model.{side}.path) or delete {path}")
 
 
 class CachedDocuments(nn.Module):
@@ -67,6 +121,7 @@ class CAREFamily:
         if self.stage not in STAGES:
             raise ValueError(f"model.current_stage={self.stage!r}: choose one of {', '.join(STAGES)}")
         ensure_towers(m)
+        check_cut_folders(m)
         self.prompts = tower_prompts(m)
         self.task = m.get("train_task", "retrieval")
         query, document = care_towers(tower_config(m["query"]), tower_config(m["document"]), training_dtype(t.get("dtype")))
@@ -75,6 +130,8 @@ class CAREFamily:
         self.dense_width = query.dim  # the document side is cut to it (care.models.towers.care_towers)
         if t.gradient_checkpointing:
             query.gradient_checkpointing_enable()
+        # stage I's per-kind query-tower limits, text -> kind (read when an option needs it), held-out texts
+        self.kind_max_length, self.kind, self.heldout = dict.fromkeys(KINDS), {}, []
         if self.stage == "stage1":
             document.requires_grad_(False).eval()
             self.cache = EmbeddingCache(cfg.cache.dir)  # document side only: validation encodes queries afresh
@@ -86,9 +143,21 @@ class CAREFamily:
                 vectors = embed(encoder, texts, "document", self.cache, batch_size=64).dense
             self.row = {text: i for i, text in enumerate(texts)}
             self.document_module = CachedDocuments(vectors)
+            self._stage1_options(m["stages"].get("stage1") or {}, cfg.data.texts)
         else:
             self.cache = None
             self.document_module = self._with_lora(document, m["stages"]["stage2"].get("lora") or {}, t)
+
+    def _stage1_options(self, s1: dict, texts_path: str) -> None:
+        self.kind_max_length = {k: s1.get(f"{k}_text_max_length") for k in KINDS}
+        if not any(v is not None for v in self.kind_max_length.values()) and not (s1.get("heldout_texts") or 0):
+            return
+        self.kind, self.heldout = stage1_annotations(texts_path)
+        positions = getattr(self.query_module.model.config, "max_position_embeddings", None)
+        for k, limit in self.kind_max_length.items():
+            if limit is not None and positions and limit > positions:
+                raise ValueError(f"model.stages.stage1.{k}_text_max_length={limit}: the query tower has "
+                                 f"{positions} positions")
 
     @staticmethod
     def _with_lora(document: Tower, lora: dict, t: DictConfig) -> Tower:
@@ -104,10 +173,22 @@ class CAREFamily:
 
     def tokenize(self, texts: Sequence[str], sides: Sequence[str], max_length: int) -> dict[str, torch.Tensor]:
         if set(sides) == {"query"}:
-            return self.query_module.tokenize(self.prompts.apply(texts, "query", self.task), max_length)
+            prompted = self.prompts.apply(texts, "query", self.task)
+            if self.stage == "stage1" and any(v is not None for v in self.kind_max_length.values()):
+                return self._tokenize_by_kind(texts, prompted, max_length)
+            return self.query_module.tokenize(prompted, max_length)
         if self.stage == "stage1":  # the document side is a lookup of cached vectors
             return {"rows": torch.tensor([self.row[t] for t in texts], dtype=torch.long)}
         return self.document_module.tokenize(self.prompts.apply(texts, "document"), max_length)
+
+    def _tokenize_by_kind(self, texts: Sequence[str], prompted: list[str], max_length: int | None) -> dict:
+        spec = self.query_module.spec
+        loop = min(max_length or spec.max_length, spec.max_length)  # Tower.tokenize's limit
+        unknown = [t for t in texts if t not in self.kind]
+        if unknown:
+            raise KeyError(f"{len(unknown)} texts are not stage I's (no kind), e.g. {unknown[0][:40]!r}")
+        limits = [self.kind_max_length[self.kind[t]] or loop for t in texts]
+        return tokenize_with_limits(self.query_module, prompted, limits)
 
     def save(self, modules: Sequence[nn.Module], out_dir: Path) -> Path:
         out = Path(out_dir)

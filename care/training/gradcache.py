@@ -15,6 +15,14 @@ chunk's backward of each model (`no_sync` on the others).  Mixed precision: pass
 `accelerator.autocast` or `lambda: torch.autocast("cuda", torch.bfloat16)`); the loss is computed in
 fp32 outside it and never scaled here: the one scaling happens in `accelerator.backward` on each chunk.
 A model (or tower) with no trainable parameter is run once without gradients and never re-run.
+
+One chunk: when a single model is trained, on one side only, and its texts fit in one chunk (CARE's stage I
+with chunk_size >= batch_size: the document side is frozen), caching saves no memory and the re-forward only
+repeated the forward (the query tower ran twice a step).  The step is then the plain one: forward with
+gradients, the loss (in at least fp32, outside autocast, as above), one backward.  Its gradients are those of
+the cached path, which back-propagates exactly d(loss)/d(representation) through the same forward; the
+dropout masks and the RNG left behind are the same too (tests/test_rule_batches.py).  Two trained sides (one
+backbone, or CARE's stage II towers) keep the cached path: it holds one chunk's activations at a time.
 """
 from __future__ import annotations
 
@@ -103,6 +111,29 @@ class GradCache:
         else:
             surrogate.backward()
 
+    @staticmethod
+    def fits_one_chunk(towers: list[tuple[nn.Module, list[dict]]]) -> bool:
+        """One side trained (the other frozen), its texts in one chunk."""
+        trained = [chunks for m, chunks in towers if trainable(m)]
+        return len(trained) == 1 and len(trained[0]) == 1
+
+    def _one_pass(self, towers: list[tuple[nn.Module, list[dict]]],
+                  teacher_scores: torch.Tensor | None) -> dict[str, float]:
+        """The plain step, when fits_one_chunk (the module docstring)."""
+        reps = []
+        for m, chunks in towers:
+            if not trainable(m):
+                reps.append(self._no_grad_pass(m, chunks)[0])
+                continue
+            with self.autocast():
+                out = as_dict(m(**chunks[0]))
+            reps.append({k: at_least_fp32(v) if v.is_floating_point() else v for k, v in out.items()})
+        teacher = {} if teacher_scores is None else {"teacher_scores": all_gather_with_grad(teacher_scores.detach())}
+        out = self.loss_fn(*(gather_reps(r) for r in reps), **teacher)
+        if any(v.requires_grad for r in reps for v in r.values()):
+            self._backward(out["loss"] * world_size())
+        return {k: float(v.detach()) for k, v in out.items()}
+
     def step(self, model: nn.Module, query_batch: dict, passage_batch: dict,
              passage_model: nn.Module | None = None, teacher_scores: torch.Tensor | None = None) -> dict[str, float]:
         """`passage_model`: a separate document tower (asymmetric models); default: `model` for both.
@@ -110,6 +141,8 @@ class GradCache:
         distillation; gathered across processes with the representations, in the same rank order."""
         towers = [(model, split_batch(query_batch, self.chunk_size)),
                   (passage_model or model, split_batch(passage_batch, self.chunk_size))]
+        if self.fits_one_chunk(towers):
+            return self._one_pass(towers, teacher_scores)
 
         # 1. representations without gradients, RNG state saved per chunk
         passes = [self._no_grad_pass(m, chunks) for m, chunks in towers]

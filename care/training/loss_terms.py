@@ -1,7 +1,8 @@
 """The terms the training losses (care.training.losses) are built from: the pool layout, InfoNCE, the one
-soft-target cross-entropy every distillation uses, FlagEmbedding's m3_kd_loss, and the two optional extras
+soft-target cross-entropy every distillation uses, FlagEmbedding's m3_kd_loss, the two optional extras
 both losses share: distillation from the training file's teacher scores (`TeacherDistillation`) and
-Matryoshka prefixes of the dense vectors (`Matryoshka`).
+Matryoshka prefixes of the dense vectors (`Matryoshka`), and CARE's in-batch score distillation from the
+document tower's own scores (`ScoreDistillation`).
 
 Pool layout: for each query, 1 positive followed by its (group_size - 1) negatives, so query i's positive
 sits at pool index i * group_size and every other passage in the pool is a negative for it.  Scores are a
@@ -129,6 +130,39 @@ class TeacherDistillation:
         if self.kind == "kl_div":
             return distill_ce(teacher, own_group(scores, group_size), self.temperature)
         return m3_kd_loss(soft_targets(teacher, self.temperature), scores, group_size)
+
+
+class ScoreDistillation:
+    """In-batch score distillation for a two-tower loss (CARE's stage I): the query tower's distribution of
+    scores over the pool, softmax_j(q_i . p_j / T), is pulled (distill_ce) towards the document tower's own
+    distribution for the same row, softmax_j(d_i . p_j / T), where d_i is query i's positive (its document
+    vector: in stage I the same text's) and p_j every vector of the pool (in stage I, group size 1: the
+    batch's document vectors, so the target is the document-document distribution).  The target is a
+    constant (distill_ce detaches it); the term is distill_ce's cross-entropy, KL(target || student) plus
+    the target's entropy, so the same gradient as the KL.
+
+    weight:       weight of the term added to the loss's total; 0 = off
+    temperature:  T, for both distributions
+    """
+
+    def __init__(self, weight: float = 0.0, temperature: float = 0.1):
+        self.weight, self.temperature = float(weight), float(temperature)
+        if self.weight < 0:
+            raise ValueError(f"score_distill_weight must be >= 0 (0 = off), got {weight}")
+        if self.temperature <= 0:
+            raise ValueError(f"score_distill_temperature must be > 0, got {temperature}")
+
+    @property
+    def on(self) -> bool:
+        return self.weight > 0
+
+    def config(self) -> dict:
+        return {"score_distill_weight": self.weight, "score_distill_temperature": self.temperature}
+
+    def __call__(self, q: torch.Tensor, p: torch.Tensor, group_size: int) -> torch.Tensor:
+        """q: (queries, d) query vectors; p: (queries x group_size, d) the pool, in the pool layout."""
+        positives = p[torch.arange(len(q), device=p.device) * group_size]
+        return distill_ce(positives @ p.T, q @ p.T / self.temperature, self.temperature)
 
 
 class Matryoshka:

@@ -13,7 +13,8 @@ configurable weights.  Two presets in conf/loss/:
 Both presets also carry the two extras, off by default: distillation from the training file's teacher
 scores (`teacher_*`, `kd_loss_type`) and Matryoshka widths of the dense head (`matryoshka_*`).
 
-`AsymmetricLoss` is CARE's (two towers), with the same two extras.
+`AsymmetricLoss` is CARE's (two towers), with the same two extras and in-batch score distillation from the
+document tower's own scores (loss_terms.ScoreDistillation; stage I).
 """
 from __future__ import annotations
 
@@ -25,6 +26,7 @@ from torch import nn
 from care.models.m3 import HEAD_SCORES, HEADS
 from care.training.loss_terms import (
     Matryoshka,
+    ScoreDistillation,
     TeacherDistillation,
     at_least_fp32,
     distill_ce,
@@ -164,21 +166,28 @@ class AsymmetricLoss(nn.Module):
     teacher_weight, teacher_temperature, kd_loss_type: distillation from the training file's teacher
         scores (loss_terms.TeacherDistillation) of the full-width scores, added x teacher_weight; stage II
         only (stage I's same-text pairs carry no teacher scores)
+    score_distill_weight, score_distill_temperature: in-batch score distillation (loss_terms.ScoreDistillation):
+        + score_distill_weight x distill_ce(softmax(d_i . p_j / T), softmax(q_i . p_j / T)), d_i query i's
+        positive, at the full width; T = score_distill_temperature (None: `temperature`); weight 0 = off
     """
 
     def __init__(self, temperature: float = 0.1, mse_weight: float = 1.0, group_size: int | None = None,
                  matryoshka_dims: Sequence[int] | None = None, matryoshka_weights: Sequence[float] | None = None,
-                 teacher_weight: float = 0.0, teacher_temperature: float = 1.0, kd_loss_type: str = "kl_div"):
+                 teacher_weight: float = 0.0, teacher_temperature: float = 1.0, kd_loss_type: str = "kl_div",
+                 score_distill_weight: float = 0.0, score_distill_temperature: float | None = None):
         super().__init__()
         if temperature <= 0:
             raise ValueError(f"temperature must be > 0, got {temperature}")
         self.temperature, self.mse_weight, self.group_size = float(temperature), float(mse_weight), group_size
         self.matryoshka = Matryoshka(matryoshka_dims, matryoshka_weights)
         self.teacher = TeacherDistillation(teacher_weight, teacher_temperature, kd_loss_type, group_size)
+        self.score_distill = ScoreDistillation(
+            score_distill_weight, self.temperature if score_distill_temperature is None else score_distill_temperature)
 
     def config(self) -> dict:
         return {"class": type(self).__name__, "temperature": self.temperature, "mse_weight": self.mse_weight,
-                "group_size": self.group_size, **self.matryoshka.config(), **self.teacher.config()}
+                "group_size": self.group_size, **self.matryoshka.config(), **self.teacher.config(),
+                **self.score_distill.config()}
 
     @property
     def distils_teacher(self) -> bool:
@@ -210,4 +219,7 @@ class AsymmetricLoss(nn.Module):
         if self.teacher.on:
             out["teacher"] = self.teacher(scores, teacher_scores, group)
             total = total + self.teacher.weight * out["teacher"]
+        if self.score_distill.on:
+            out["score_distill"] = self.score_distill(qv, pv, group)
+            total = total + self.score_distill.weight * out["score_distill"]
         return {"loss": total, **out}

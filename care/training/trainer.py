@@ -9,12 +9,15 @@ every process (care.training.distributed).  Validation (early stopping, the best
 process only.  The loop knows no model family: it drives care.training.model's protocol.  A loss that
 distils teacher scores (`loss.teacher_weight > 0`; CARE: `model.stages.stage2.loss.teacher_weight`) gets each
 batch's (batch, group_size) scores of the drawn groups (care.training.data), gathered like the negatives.
+`trainer.batching: by_rule` draws each global batch from one build rule (care.training.data).
 
 The run folder (`output_dir`) is described in the README ("Training"); checkpoints and resume in
-care.training.checkpoint, the log and curves in care.training.runlog.
+care.training.checkpoint (a checkpoint's weights leave frozen parameters out: trained_state), the log and
+curves in care.training.runlog.
 """
 from __future__ import annotations
 
+import copy
 import math
 import time
 import warnings
@@ -25,11 +28,12 @@ import torch
 from accelerate import Accelerator
 from accelerate.utils import broadcast_object_list, set_seed
 from hydra.utils import instantiate
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, OmegaConf, open_dict
 from torch.utils.data import DataLoader
 from tqdm.auto import tqdm
 from transformers import get_cosine_schedule_with_warmup
 
+from care.config import neutral_trainer_keys
 from care.data.io import atomic_folder, link_or_copy_tree, write_json
 from care.encoders.registry import TRAINING_RECORD, read_record
 from care.export.card import write_model_card
@@ -37,7 +41,14 @@ from care.export.provenance import base_models, data_lineage, portable
 from care.export.st_folder import write_st_files
 from care.runlock import FORCE_KEY, lock_run_folder, release_lock_after, release_lock_on_error
 from care.training.checkpoint import AlreadyFinished, ResumeError, RunFolder, config_hash
-from care.training.data import EpochSampler, TrainingGroups, collate_groups, require_training_files
+from care.training.data import (
+    BATCHINGS,
+    EpochSampler,
+    RuleBatchSampler,
+    TrainingGroups,
+    collate_groups,
+    require_training_files,
+)
 from care.training.distributed import all_gather_with_grad, gather_reps, world_size
 from care.training.gradcache import GradCache
 from care.training.model import build_family
@@ -45,6 +56,60 @@ from care.training.runlog import RunLog, memory_mb, wandb_mode
 from care.training.validation import EarlyStopping, Validator
 
 __all__ = ["AlreadyFinished", "ResumeError", "Trainer"]
+
+
+def run_hash(cfg: DictConfig) -> str:
+    """config_hash of `cfg` without the trainer keys of care.config.NEUTRAL_TRAINER at their neutral value."""
+    neutral = neutral_trainer_keys(cfg)
+    if not neutral:
+        return config_hash(cfg)
+    c = copy.deepcopy(cfg)
+    with open_dict(c):
+        for k in neutral:
+            c.trainer.pop(k.split(".", 1)[1])
+    return config_hash(c)
+
+
+def build_sampler(t: DictConfig, data: TrainingGroups, seed: int, num_processes: int):
+    """The epoch order of `trainer.batching` (care.training.data: EpochSampler, RuleBatchSampler); by_rule
+    cuts the rules into global batches (batch_size x processes) and records its plan in data.stats."""
+    batching = t.get("batching") or "mixed"
+    if batching not in BATCHINGS:
+        raise ValueError(f"trainer.batching={batching!r}: choose one of {', '.join(BATCHINGS)}")
+    weights = t.get("rule_weights")
+    if batching == "mixed":
+        if weights is not None:
+            raise ValueError("trainer.rule_weights is for trainer.batching=by_rule; with mixed batches set it null")
+        return EpochSampler(len(data), seed)
+    if OmegaConf.is_config(weights):
+        weights = OmegaConf.to_container(weights, resolve=True)
+    sampler = RuleBatchSampler(data.example_rules(), t.batch_size * num_processes, seed, weights)
+    data.stats["batches_per_rule"] = dict(sampler.counts)  # per epoch, of batch_size x processes examples
+    return sampler
+
+
+def frozen_names(model: torch.nn.Module) -> set[str]:
+    return {n for n, p in model.named_parameters(remove_duplicate=False) if not p.requires_grad}
+
+
+def trained_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """A checkpoint's weights of `model`: its state_dict less the frozen parameters (trainer.freeze, CARE
+    stage II's LoRA base), which never leave the start weights a resumed run loads again (the config hash
+    covers both the start weights and what is frozen).  For care_me5's query tower the frozen vocabulary is
+    93% of the weights: its weights in state.pt shrink from 395 to 28 MB (bench/results/care_step.json: the
+    whole state.pt of care_me5's stage I, AdamW's moments included, is now 84 MB)."""
+    frozen = frozen_names(model)
+    return {k: v for k, v in model.state_dict().items() if k not in frozen}
+
+
+def load_trained(model: torch.nn.Module, state: dict, what: str) -> None:
+    """Load trained_state's weights (or a whole state_dict, as checkpoints held before): every key the
+    model has but the frozen ones must be there, and no other."""
+    missing, unexpected = model.load_state_dict(state, strict=False)
+    lacking = sorted(set(missing) - frozen_names(model))
+    if lacking or unexpected:
+        raise ResumeError(f"{what} weights do not fit this model: {len(lacking)} missing (e.g. {lacking[:3]}), "
+                          f"{len(unexpected)} unexpected (e.g. {sorted(unexpected)[:3]})")
 
 
 def trainable_flags(modules) -> list[bool]:
@@ -76,7 +141,7 @@ class Trainer:
                                        log_with=None if wandb_mode(cfg) == "disabled" else "wandb")
         acc = self.accelerator
         require_training_files(cfg.data.texts, cfg.data.examples)  # before hashing them: say what writes them
-        self.hash = config_hash(cfg)
+        self.hash = run_hash(cfg)
         self.folder = RunFolder(self.out, self.hash, acc)
         self.run_lock = lock_run_folder(self.out, "training", acc, force=cfg.get(FORCE_KEY, False))
         self.folder.check(cfg.overwrite)
@@ -85,6 +150,8 @@ class Trainer:
 
         self.data = TrainingGroups(cfg.data.texts, cfg.data.examples, t.group_size, cfg.seed,
                                    cfg.data.max_examples)
+        # the epoch order, checked in seconds (before the model loads)
+        self.sampler = build_sampler(t, self.data, cfg.seed, acc.num_processes)
         # The loss before the model: a distilling loss refuses a file without teacher scores in seconds.
         self.loss = build_loss(cfg.loss, t.group_size)
         self.distils = bool(getattr(self.loss, "distils_teacher", False))
@@ -104,7 +171,6 @@ class Trainer:
         # Only modules with trainable weights are prepared (DDP refuses a module with nothing to train); a
         # frozen one (CARE stage I's cached document vectors) just moves to the device.
         self.trainable = trainable = trainable_flags(towers)
-        self.sampler = EpochSampler(len(self.data), cfg.seed)
         # The loader draws its worker seeds from its own generator, never from the global RNG, so building
         # an iterator (every epoch, and on resume) leaves dropout's random stream untouched.
         loader = DataLoader(self.data, batch_size=t.batch_size, sampler=self.sampler, collate_fn=collate_groups,
@@ -150,12 +216,12 @@ class Trainer:
     # ---- checkpoints -------------------------------------------------------------------------------------
     def save_checkpoint(self) -> Path:
         models = self.unwrapped()
-        state = {"model": models[0].state_dict(), "optimizer": self.optimizer.state_dict(),
+        state = {"model": trained_state(models[0]), "optimizer": self.optimizer.state_dict(),
                  "scheduler": self.scheduler.state_dict(), "epoch": self.epoch,
                  "batch_in_epoch": self.batch_in_epoch,
                  "early_stopping": self.stopper.state_dict() if self.stopper else None}
         if len(models) > 1:
-            state["document_model"] = models[1].state_dict()
+            state["document_model"] = trained_state(models[1])
         return self.folder.save(self.step, state, self.cfg.trainer.keep_checkpoints,
                                 write_model=lambda folder: self.save_model(models, folder))
 
@@ -185,9 +251,9 @@ class Trainer:
     def resume(self, folder: Path) -> None:
         state = self.folder.load(folder)
         models = self.unwrapped()
-        models[0].load_state_dict(state["model"])
+        load_trained(models[0], state["model"], f"checkpoint {folder}: the model")
         if len(models) > 1:
-            models[1].load_state_dict(state["document_model"])
+            load_trained(models[1], state["document_model"], f"checkpoint {folder}: the document model")
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
         self.step, self.epoch, self.batch_in_epoch = state["step"], state["epoch"], state["batch_in_epoch"]

@@ -4,12 +4,20 @@
 The default dev task is cEpilepsyQA dev (490 questions x ~100 candidates, repeated rows collapsed by the
 reader), never in training (the build stage keeps dev and test questions out); it is written on first use
 from the shared data when `validation.build_from` is set.
+
+CARE's stage I can also hold out a slice of its own texts (`model.stages.stage1.heldout_texts`,
+care.training.care_recipe): `AlignmentLog` then logs, beside the dev metric and on its schedule, how well
+the query tower reproduces the frozen document vectors of texts it never trained on (`alignment_metrics`):
+val/align_cos, val/align_acc and val/align_cos_<kind>.  Early stopping keeps using `validation.metric`.
 """
 from __future__ import annotations
 
 import math
+import time
 from pathlib import Path
 
+import numpy as np
+import torch
 from omegaconf import DictConfig
 
 from care.data.io import write_jsonl
@@ -98,3 +106,68 @@ class Validator:
                                heads=self.heads, hybrid_weights=dict.fromkeys(self.heads, 1.0), show_progress=False)
         method = self.heads[0] if len(self.heads) == 1 else "hybrid"
         return run_reranking(self.data, scorer, [self.metric])[method][self.metric]
+
+
+def alignment_metrics(query: np.ndarray, document: np.ndarray, kinds: list[str] | None = None) -> dict[str, float]:
+    """Row i of `query`: the query tower's vector of text i; row i of `document`: the cached document vector
+    of the same text (cut to the query width, so not of unit length).
+    align_cos:        the mean cosine of the pairs (q_i, d_i);
+    align_acc:        the share of texts whose query vector scores its own document vector above every other
+                      of the slice (score q_i . d_j, as training and retrieval score; a tie counts as a miss);
+    align_cos_<kind>: align_cos over the texts of each kind (`kinds`, one per row), when given."""
+    q, d = np.asarray(query, np.float64), np.asarray(document, np.float64)
+    cos = (q * d).sum(1) / (np.linalg.norm(q, axis=1) * np.linalg.norm(d, axis=1))
+    scores = q @ d.T
+    own = np.diag(scores).copy()
+    np.fill_diagonal(scores, -np.inf)
+    out = {"align_cos": float(cos.mean()), "align_acc": float((own > scores.max(1)).mean())}
+    for kind in sorted(set(kinds or ())):
+        out[f"align_cos_{kind}"] = float(cos[[k == kind for k in kinds]].mean())
+    return out
+
+
+class HeldOutAlignment:
+    """alignment_metrics of stage I's held-out slice (`family.heldout`), the query vectors encoded as in
+    training (care.training.care_family.CAREFamily.tokenize: prompt, per-kind limits) at `max_length`."""
+
+    def __init__(self, family, max_length: int | None, batch_size: int = 64):
+        self.family, self.max_length, self.batch_size = family, max_length, batch_size
+        self.texts = list(family.heldout)
+        if not self.texts:
+            raise ValueError("stage I holds no text out (model.stages.stage1.heldout_texts = 0)")
+        self.documents = family.document_module.table[[family.row[t] for t in self.texts]].double().cpu().numpy()
+        self.kinds = [family.kind[t] for t in self.texts]
+
+    @torch.no_grad()
+    def __call__(self, query_module: torch.nn.Module) -> dict[str, float]:
+        """Leaves the module in eval mode (the training step sets train)."""
+        query_module.eval()
+        device = next(query_module.parameters()).device
+        vectors = []
+        for s in range(0, len(self.texts), self.batch_size):
+            chunk = self.texts[s:s + self.batch_size]
+            batch = self.family.tokenize(chunk, ["query"] * len(chunk), self.max_length)
+            vectors.append(query_module(**{k: v.to(device) for k, v in batch.items()})["dense"].double().cpu())
+        return alignment_metrics(torch.cat(vectors).numpy(), self.documents, self.kinds)
+
+
+class AlignmentLog:
+    """A trainer step callback (care.training.trainer.Trainer's `callbacks`): on the validation schedule
+    (every `validation.every_steps` steps and the last step) and once at the start (`at_start=True`), logs
+    val/<alignment_metrics> and val/align_seconds of the held-out slice to the run log (metrics.jsonl), main
+    process only.  The query vectors use the loop's trainer.query_max_length."""
+
+    def __init__(self):
+        self.probe: HeldOutAlignment | None = None
+
+    def __call__(self, trainer, at_start: bool = False) -> None:
+        v, step = trainer.cfg.validation, trainer.step
+        due = at_start or step % v.every_steps == 0 or step == trainer.total_steps
+        if not due or not trainer.accelerator.is_main_process:
+            return
+        if self.probe is None:
+            self.probe = HeldOutAlignment(trainer.family, trainer.cfg.trainer.query_max_length, v.batch_size)
+        start = time.perf_counter()
+        metrics = self.probe(trainer.unwrapped()[0])
+        trainer.log_rows.log(step, {**{f"val/{k}": x for k, x in metrics.items()},
+                                    "val/align_seconds": time.perf_counter() - start})
