@@ -42,6 +42,7 @@ import numpy as np
 import torch
 from omegaconf import OmegaConf
 
+from bench.encode_bench import at_threads
 from care.config import load_config, model_config
 from care.encoders import build_encoder
 from care.evaluation.corpora import evaluation_model, load_benchmarks
@@ -65,16 +66,6 @@ def timing_queries(app: dict, n: int) -> tuple[str, list[str]]:
     spec, data = next(((s, d) for s, d in tasks if s.key == app["efficiency"]["task"]), None) \
         or next((s, d) for s, d in tasks if d.type == "retrieval")
     return f"{bench.name}/{spec.key}", list(data.queries.values())[:n]
-
-
-def at_threads(n: int, fn: Callable):
-    """`fn()` with torch (and so the ORT sessions built inside it) at `n` intra-op threads."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(n)
-    try:
-        return fn()
-    finally:
-        torch.set_num_threads(threads)
 
 
 class QueryPath:

@@ -101,3 +101,19 @@ def stage2_family(towers, tmp_path, **trainer):
                                 f"model.stages.stage2.query_from={seed0 / 'query'}", "validation.task=null",
                                 *(f"trainer.{k}={v}" for k, v in trainer.items())])
     return CAREFamily(stage_config(cfg, "stage2", tmp_path / "run"))
+
+
+def todays_asymmetric(loss, q: dict, p: dict) -> dict:
+    """AsymmetricLoss.forward as it was before Matryoshka widths, teacher and score distillation, op for op:
+    the reference their "off means unchanged" tests compare with."""
+    import torch
+
+    from care.training.losses import info_nce, pool_group_size
+
+    dtype = torch.promote_types(torch.promote_types(q["dense"].dtype, p["dense"].dtype), torch.float32)
+    qv, pv = q["dense"].to(dtype), p["dense"].to(dtype)
+    group = pool_group_size(len(qv), len(pv), loss.group_size)
+    out = {"infonce": info_nce(qv @ pv.T / loss.temperature, group)}
+    if loss.mse_weight:
+        out["mse"] = (qv - pv[torch.arange(len(qv)) * group]).pow(2).sum(-1).mean()
+    return {"loss": out["infonce"] + loss.mse_weight * out.get("mse", 0.0), **out}

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
-from _care_helpers import root, tiny, train_overrides  # noqa: F401  (module fixtures: training files, towers)
+from _care_helpers import root, tiny, todays_asymmetric, train_overrides  # noqa: F401  (module fixtures: training files, towers)
 from _training_helpers import make_training_files, train_config
 from hydra.utils import instantiate
 from omegaconf import OmegaConf
@@ -172,16 +172,6 @@ def todays_m3(loss: M3Loss, q: dict, p: dict) -> dict:
         out["distill"] = sum(distill) / len(distill)
         total = (total + out["distill"]) / 2
     return {"loss": total, **out}
-
-
-def todays_asymmetric(loss: AsymmetricLoss, q: dict, p: dict) -> dict:
-    dtype = torch.promote_types(torch.promote_types(q["dense"].dtype, p["dense"].dtype), torch.float32)
-    qv, pv = q["dense"].to(dtype), p["dense"].to(dtype)
-    group = pool_group_size(len(qv), len(pv), loss.group_size)
-    out = {"infonce": info_nce(qv @ pv.T / loss.temperature, group)}
-    if loss.mse_weight:
-        out["mse"] = (qv - pv[torch.arange(len(qv)) * group]).pow(2).sum(-1).mean()
-    return {"loss": out["infonce"] + loss.mse_weight * out.get("mse", 0.0), **out}
 
 
 def leaves(reps: dict) -> dict:

@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from _care_helpers import root, tiny, train_overrides  # noqa: F401  (module fixtures: training files, towers)
+from _care_helpers import root, tiny, todays_asymmetric, train_overrides  # noqa: F401  (module fixtures: training files, towers)
 from omegaconf import OmegaConf, open_dict
 from safetensors.torch import load_file
 
@@ -26,7 +26,6 @@ from care.training.care_family import CachedDocuments, CAREFamily, check_cut_fol
 from care.training.care_recipe import run_care, same_text_pairs, stage_config, text_kind, text_mix
 from care.training.checkpoint import config_hash
 from care.training.gradcache import GradCache
-from care.training.loss_terms import info_nce, pool_group_size
 from care.training.losses import AsymmetricLoss
 from care.training.validation import alignment_metrics
 
@@ -294,17 +293,6 @@ def test_gradcache_with_score_distillation_equals_the_plain_step(tiny):
     # the control: the term moves the gradient (it is not a no-op the equality would pass anyway)
     _, without = stage1_step(tiny, 0.0, False)
     assert max(float((ref[n] - without[n]).abs().max()) for n in ref) > 1e-6
-
-
-def todays_asymmetric(loss: AsymmetricLoss, q: dict, p: dict) -> dict:
-    """AsymmetricLoss.forward before score distillation (no Matryoshka, no teacher), op for op."""
-    dtype = torch.promote_types(torch.promote_types(q["dense"].dtype, p["dense"].dtype), torch.float32)
-    qv, pv = q["dense"].to(dtype), p["dense"].to(dtype)
-    group = pool_group_size(len(qv), len(pv), loss.group_size)
-    out = {"infonce": info_nce(qv @ pv.T / loss.temperature, group)}
-    if loss.mse_weight:
-        out["mse"] = (qv - pv[torch.arange(len(qv)) * group]).pow(2).sum(-1).mean()
-    return {"loss": out["infonce"] + loss.mse_weight * out.get("mse", 0.0), **out}
 
 
 def test_score_distillation_off_is_bit_identical_to_the_loss_before():
