@@ -199,6 +199,30 @@ def labelled_pairs(cfg: DictConfig) -> tuple[list[tuple[str, str]], list[int], l
     return texts, labels, names
 
 
+def labelled_rates(c: DictConfig, cos: np.ndarray, labels, random_cos: np.ndarray, positive: str) -> dict:
+    """What the pairs and qa modes report of labelled cosines: the rate table, the cosine quantiles of the
+    positive, the other and the random pairs, and how many fall below the first edge."""
+    labels = np.asarray(labels)
+    return {
+        "table": rate_table(cos, labels, c.edges),
+        "cosine_quantiles": {
+            kind: {f"q{q}": round(float(np.quantile(v, q / 100)), 4) for q in (5, 25, 50, 75, 95)}
+            for kind, v in ((positive, cos[labels == 1]), (f"not_{positive}", cos[labels == 0]),
+                            ("random", random_cos))},
+        "below_first_edge": int((cos < c.edges[0]).sum()),
+    }
+
+
+def suggestion(result: dict, random_cos: np.ndarray, c: DictConfig) -> dict | None:
+    """`suggest` on the result's table; None, with the reason recorded in `result`, when there is none (the
+    table is still worth having)."""
+    try:
+        return suggest(result["table"], random_cos, c.crossing, c.mine_lo_quantile)
+    except ValueError as e:
+        result["suggested_thresholds"], result["no_suggestion_because"] = None, str(e)
+        return None
+
+
 def calibrate_pairs(cfg: DictConfig, encoder) -> dict:
     c = cfg.dedup.calibrate
     pairs, labels, names = labelled_pairs(cfg)
@@ -211,22 +235,12 @@ def calibrate_pairs(cfg: DictConfig, encoder) -> dict:
     vectors = encode(cfg, encoder, flat)
     cos = np.einsum("ij,ij->i", vectors[0::2], vectors[1::2])
     random_cos = np.einsum("ij,ij->i", vectors[order[0::2]], vectors[order[1::2]])
-    rows = rate_table(cos, labels, c.edges)
-    labels_arr = np.asarray(labels)
     result = {
         "mode": "pairs", "encoder": encoder_info(cfg, encoder), "side": c.side, "pairs": len(pairs),
-        "sources": {n: names.count(n) for n in dict.fromkeys(names)}, "paraphrase_share": float(labels_arr.mean()),
-        "table": rows,
-        "cosine_quantiles": {
-            kind: {f"q{q}": round(float(np.quantile(v, q / 100)), 4) for q in (5, 25, 50, 75, 95)}
-            for kind, v in (("paraphrase", cos[labels_arr == 1]), ("not_paraphrase", cos[labels_arr == 0]),
-                            ("random", random_cos))},
-        "below_first_edge": int((cos < c.edges[0]).sum()),
+        "sources": {n: names.count(n) for n in dict.fromkeys(names)}, "paraphrase_share": float(np.mean(labels)),
+        **labelled_rates(c, cos, labels, random_cos, "paraphrase"),
     }
-    try:
-        th = suggest(rows, random_cos, c.crossing, c.mine_lo_quantile)
-    except ValueError as e:  # the table is still worth having; say why there is no suggestion
-        result["suggested_thresholds"], result["no_suggestion_because"] = None, str(e)
+    if (th := suggestion(result, random_cos, c)) is None:
         return result
     result["suggested_thresholds"] = {
         **th, "calibrated_for": cfg.model.name,
@@ -261,37 +275,23 @@ def labelled_answers(cfg: DictConfig) -> tuple[list[tuple[str, str]], list[int],
 
 
 def calibrate_qa(cfg: DictConfig, encoder) -> dict:
-    from care.encoders.cache import EmbeddingCache, embed
-    from care.retrieval.index import unit_rows
-
-    c, s = cfg.dedup.calibrate, cfg.dedup.semantic
+    c = cfg.dedup.calibrate
     pairs, labels, lists = labelled_answers(cfg)
     rng = random.Random(c.seed)
-    cache = EmbeddingCache(s.cache) if s.cache else None
     queries, answers = sorted({q for q, _ in pairs}), sorted({a for _, a in pairs})
-    qv = dict(zip(queries, unit_rows(embed(encoder, queries, "query", cache, s.batch_size).dense)))
-    av = dict(zip(answers, unit_rows(embed(encoder, answers, "document", cache, s.batch_size).dense)))
+    qv = dict(zip(queries, encode(cfg, encoder, queries, side="query")))
+    av = dict(zip(answers, encode(cfg, encoder, answers, side="document")))
     cos = np.array([float(qv[q] @ av[a]) for q, a in pairs])
     # Random pairs: a query with a candidate of another list (unrelated to it, almost surely).
     shuffled = rng.sample(range(len(pairs)), len(pairs))
     random_cos = np.array([float(qv[pairs[i][0]] @ av[pairs[j][1]]) for i, j in zip(range(len(pairs)), shuffled)
                            if lists[i] != lists[j]])
-    rows = rate_table(cos, labels, c.edges)
-    labels_arr = np.asarray(labels)
     result = {
         "mode": "qa", "encoder": encoder_info(cfg, encoder), "side": "query vs document", "pairs": len(pairs),
         "lists": len(set(lists)), "sources": {k: list(v) for k, v in c.qa_sources.items()},
-        "relevant_share": float(labels_arr.mean()), "table": rows,
-        "cosine_quantiles": {
-            kind: {f"q{q}": round(float(np.quantile(v, q / 100)), 4) for q in (5, 25, 50, 75, 95)}
-            for kind, v in (("relevant", cos[labels_arr == 1]), ("not_relevant", cos[labels_arr == 0]),
-                            ("random", random_cos))},
-        "below_first_edge": int((cos < c.edges[0]).sum()),
+        "relevant_share": float(np.mean(labels)), **labelled_rates(c, cos, labels, random_cos, "relevant"),
     }
-    try:
-        th = suggest(rows, random_cos, c.crossing, c.mine_lo_quantile)
-    except ValueError as e:
-        result["suggested_thresholds"], result["no_suggestion_because"] = None, str(e)
+    if (th := suggestion(result, random_cos, c)) is None:
         return result
     result["suggested_thresholds"] = {
         "mine_doc_lo": th["mine_lo"], "mine_doc_hi": th["mine_hi"],
@@ -308,14 +308,14 @@ def encoder_info(cfg: DictConfig, encoder) -> dict:
     return {"name": encoder.name, "label": cfg.model.get("label"), "fingerprint": encoder.fingerprint}
 
 
-def encode(cfg: DictConfig, encoder, texts: list[str]) -> np.ndarray:
-    """Vectors of `dedup.calibrate.side`, L2-normalised, through the project's embedding cache."""
+def encode(cfg: DictConfig, encoder, texts: list[str], side: str | None = None) -> np.ndarray:
+    """Vectors of `side` (default `dedup.calibrate.side`), L2-normalised, through the project's embedding cache."""
     from care.encoders.cache import EmbeddingCache, embed
     from care.retrieval.index import unit_rows
 
     s = cfg.dedup.semantic
     cache = EmbeddingCache(s.cache) if s.cache else None
-    return unit_rows(embed(encoder, texts, cfg.dedup.calibrate.side, cache, s.batch_size).dense)
+    return unit_rows(embed(encoder, texts, side or cfg.dedup.calibrate.side, cache, s.batch_size).dense)
 
 
 def default_store(cfg: DictConfig) -> Path:
