@@ -45,27 +45,23 @@ def _flat(d: dict, prefix: str = "") -> dict[str, str]:
     return out
 
 
-def _training_config(row: dict) -> dict | None:
-    """The training config a model row's folder records, with `training_data`: the training file it read
-    (its path as the record names it), since where the data lives is a run setting that recipe() leaves out
-    while which data it is changes the weights (an ablation over mined files differs only there)."""
+def _training_config(row: dict) -> tuple[dict | None, str | None]:
+    """The training config a model row's folder records (None for a row without a record), with
+    `training_data`: the training file it read (its path as the record names it), since where the data lives
+    is a run setting that recipe() leaves out while which data it is changes the weights (an ablation over
+    mined files differs only there); and that file's digest, which groups runs by the data's content."""
     path = row.get("model_path")
     record = Path(path) / TRAINING_RECORD if path else None
     if record is None or not record.is_file():
-        return None
+        return None, None
     saved = read_json(record)
     config = saved.get("config")
     files = (saved.get("lineage") or {}).get("training_files") or {}
     if isinstance(config, dict) and files.get("examples"):
         config = {**config, "training_data": files["examples"]}
-    return config
-
-
-def _group_key(config: dict, row: dict) -> str:
-    """A recipe's group: its recipe, the training data by content (the examples file's digest) when recorded."""
-    record = read_json(Path(row["model_path"]) / TRAINING_RECORD)
-    digest = ((record.get("lineage") or {}).get("training_files") or {}).get("examples_digest")
-    return recipe_group({**config, "training_data": digest} if digest else config)
+    if config is not None and row.get("truncate_dim"):  # scored on a prefix: not the same cell values
+        config = {**config, "scored_at_dim": row["truncate_dim"]}
+    return config, files.get("examples_digest")
 
 
 def load_rows(runs: Sequence[str | Path]) -> list[dict]:
@@ -78,13 +74,14 @@ def load_rows(runs: Sequence[str | Path]) -> list[dict]:
         s = read_json(summary)
         try:
             for m in s["models"]:
-                config = _training_config(m)
-                if config is not None and m.get("truncate_dim"):  # scored on a prefix: not the same cell values
-                    config = {**config, "scored_at_dim": m["truncate_dim"]}
+                config, digest = _training_config(m)
+                if not config:
+                    group = f"model:{m['name']}"
+                else:  # its recipe, and the training data by content when the record names its digest
+                    group = recipe_group({**config, "training_data": digest} if digest else config)
                 rows.append({"run": str(run), "name": m["name"], "label": m["label"], "scores": m["scores"],
                              "config": config, "seed": config.get("seed") if config else None,
-                             "group": _group_key(config, m) if config else f"model:{m['name']}",
-                             "columns": s["columns"]})
+                             "group": group, "columns": s["columns"]})
         except (KeyError, TypeError, AttributeError) as e:
             raise DataError(summary, None, str(e).strip("'") if isinstance(e, KeyError) else None,
                             f"not an evaluate.py summary ({type(e).__name__}: {e})") from None
