@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from _care_helpers import model_config, texts, towers  # noqa: F401  (texts, towers)
+from _care_helpers import model_config, root, texts, towers  # noqa: F401  (root, texts, towers: fixtures)
 
 from care.data.tasks import load_task
 from care.encoders import build_encoder
@@ -129,7 +129,7 @@ def test_a_backend_not_offered_is_one_line_before_any_tower_is_built(tmp_path, s
     assert not (tmp_path / "built").exists()  # refused before the towers were built (or sought)
 
 
-def test_training_and_live_towers_refuse_onnx(torch_enc, towers, tmp_path):
+def test_training_and_live_towers_refuse_onnx(torch_enc, towers, root, tmp_path):
     from care.config import load_config
     from care.encoders.care import CAREEncoder
     from care.models.towers import TowerSpec
@@ -138,7 +138,9 @@ def test_training_and_live_towers_refuse_onnx(torch_enc, towers, tmp_path):
 
     seed0 = towers / "seed0"
     for stage in ("stage1", "stage2"):
+        # its own training files (root): never the default data folder, which a clean clone does not have
         cfg = load_config("train", ["model=care_tiny", "++model.query.backend=onnx", f"output_dir={tmp_path / 'run'}",
+                                    f"data.texts={root / 'texts.jsonl'}", f"data.examples={root / 'train.jsonl'}",
                                     f"model.query.path={seed0 / 'query'}", f"model.document.path={seed0 / 'document'}",
                                     f"model.stages.stage2.query_from={seed0 / 'query'}", "validation.task=null"])
         with pytest.raises(ValueError, match=r"model\.query\.backend='onnx' only encodes; train with model\.query\.backend=torch"):
