@@ -65,25 +65,14 @@ def main(cfg: DictConfig) -> float:
     distributed_env_from_submitit()
     per_job_output_dir(cfg)
     # after Hydra parsed the command line: `--help` stays fast
-    from care.training.trainer import AlreadyFinished, ResumeError, Trainer
+    from care.training.recipes import train
+    from care.training.trainer import ResumeError
 
     # bad input (DataError is a ValueError), a full disk, a corrupt file, another run's folder: one line
     with app_errors("train.py", cfg, writes_to=cfg.get("output_dir"), extra=(ResumeError,)):
-        if cfg.model.get("kind") == "care":  # two towers, two stages (care.training.care_recipe)
-            from care.training.care_recipe import run_care
-
-            summary = run_care(cfg)
-            if os.environ.get("RANK", "0") == "0":  # under torchrun: once, not once per process
-                print(json.dumps(summary, indent=2, ensure_ascii=False, default=str))
-            return validation_metric(summary)
-        try:
-            trainer = Trainer(cfg)
-        except AlreadyFinished as done:  # the same config, trained before: a re-run (make run) skips it
-            print(done)
-            return validation_metric(done.summary)
-        summary = trainer.fit()
-        if trainer.accelerator.is_main_process:
-            print(json.dumps(summary, indent=2, ensure_ascii=False))
+        summary = train(cfg)
+        if os.environ.get("RANK", "0") == "0":  # under torchrun / accelerate launch: once, not once per process
+            print(json.dumps(summary, indent=2, ensure_ascii=False, default=str))
         return validation_metric(summary)
 
 

@@ -2,8 +2,8 @@
 
 A family says how to tokenize texts per side (prompts applied by care.encoders.prompts, the same as at
 inference), which modules encode each side (`document_module` None: one module for both, as M3), how to
-save a trained model folder, and how to wrap a module as an Encoder for validation.  `build_family(cfg)`
-picks the family from the model config; the M3 family (`M3Family`) covers `kind: m3` checkpoints and
+save a trained model folder, and how to wrap a module as an Encoder for validation
+(care.training.families picks one from the model config).  The M3 family (`M3Family`) covers `kind: m3` checkpoints and
 plain encoders (`kind: dense`), which become M3 backbones with fresh, seeded heads.
 """
 from __future__ import annotations
@@ -109,18 +109,3 @@ class M3Family:
         """How evaluate.py builds a saved folder (recorded in its care_training.json): the path is the folder
         itself, "." (care.encoders.registry.record_model_config)."""
         return {**{k: v for k, v in self.model_cfg.items() if k != "build_hint"}, "kind": "m3", "path": "."}
-
-
-def build_family(cfg: DictConfig) -> TrainableFamily:
-    kind = cfg.model.get("kind", "dense")
-    backend = cfg.model.get("backend", "torch")
-    if backend != "torch":  # care/encoders/dense.py: the other backends run inference only
-        raise ValueError(f"model {cfg.model.get('name')} has backend {backend!r}, which only encodes; "
-                         f"train with the torch backend (model.backend=torch)")
-    if kind in ("dense", "m3"):
-        return M3Family(cfg)
-    if kind == "care":
-        from care.training.care_family import CAREFamily
-
-        return CAREFamily(cfg)
-    raise ValueError(f"model kind '{kind}' cannot be trained (trainable kinds: dense, m3, care)")

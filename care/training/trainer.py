@@ -50,8 +50,8 @@ from care.training.data import (
     require_training_files,
 )
 from care.training.distributed import all_gather_with_grad, gather_reps, world_size
+from care.training.families import build_family
 from care.training.gradcache import GradCache
-from care.training.model import build_family
 from care.training.runlog import RunLog, memory_mb, wandb_mode
 from care.training.validation import EarlyStopping, Validator
 
