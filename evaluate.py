@@ -30,6 +30,7 @@ from care.config import CONF_DIR, model_config
 from care.data.io import write_json
 from care.encoders import build_encoder, detect
 from care.encoders.cache import EmbeddingCache
+from care.encoders.prompts import Prompts
 from care.encoders.registry import CHECKPOINT_MODEL, TRAINING_RECORD
 from care.errors import app_errors
 from care.evaluation import corpora, efficiency
@@ -156,7 +157,7 @@ def _same_path(a: str, b: str | None) -> bool:
 
 
 def _identity(model: dict) -> tuple:
-    return tuple(str(model.get(k)) for k in ("kind", "path", "pooling", "query_prefix", "doc_prefix", "truncate_dim"))
+    return (*(str(model.get(k)) for k in ("kind", "path", "pooling", "truncate_dim")), Prompts.from_config(model))
 
 
 def build_scorer(entry: dict, cfg: dict, cache: EmbeddingCache):

@@ -26,7 +26,8 @@ from care.data.io import read_text_store
 from care.paths import outputs_dir
 from data_pipeline.dedup.clusters import clusters_from_edges
 from data_pipeline.dedup.exact import exact_clusters
-from data_pipeline.dedup.minhash import HASHFUNC, SEED, jaccard, minhash_pairs, shingles
+from data_pipeline.dedup.minhash import minhash_pairs
+from data_pipeline.dedup.minhash_reference import HASHFUNC, SEED, jaccard, shingles
 from data_pipeline.dedup.normalize import Normalizer
 from data_pipeline.planted import edit_until, plant, shared_texts
 

@@ -8,7 +8,7 @@ On a slice of the open stand-in Retrieval slot (KUAKE-QTR dev queries against KU
 - the raw encoding of the same texts (Encoder.encode_queries / encode_documents, no cache, no search, no
   metrics) timed in the same run: overhead = evaluation time / raw encoding time;
 - the same evaluation again with the cache warm: speed-up = cold / warm;
-- the warm evaluation with the cache's per-read digest check (care/encoders/cache.py) and without it, in
+- the warm evaluation with the cache's per-read digest check (care/encoders/cache_chunks.py) and without it, in
   alternation, median of `REPEATS`: what verifying every chunk costs a cached re-run (goal <= 1.10);
 - BM25 (bm25s + jieba) on the same slice, for scale.
 """
@@ -55,19 +55,19 @@ def digest_check_ratio(data: TaskData, encoder, cache_dir: str, cfg) -> dict:
     replaced by a no-op (the cost the digests add), alternating so load drifts hit both alike."""
     import statistics
 
-    from care.encoders import cache as cache_module
+    from care.encoders import cache_chunks
 
     checked, unchecked = [], []
-    real = cache_module._mismatch
+    real = cache_chunks._mismatch
     for _ in range(REPEATS):
         for times, check in ((checked, real), (unchecked, lambda *a, **k: None)):
-            cache_module._mismatch = check
+            cache_chunks._mismatch = check
             try:
                 scorer = EncoderScorer(encoder, EmbeddingCache(cache_dir), batch_size=cfg.batch_size,
                                        show_progress=False)
                 times.append(_timed(lambda s=scorer: run_retrieval(data, s, METRICS, depth=cfg.depth))[1])
             finally:
-                cache_module._mismatch = real
+                cache_chunks._mismatch = real
     a, b = statistics.median(checked), statistics.median(unchecked)
     return {"eval_cached_checked_s": round(a, 3), "eval_cached_unchecked_s": round(b, 3),
             "digest_check_ratio": round(a / b, 3)}

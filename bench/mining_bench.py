@@ -30,6 +30,7 @@ from care.encoders import build_encoder
 from care.encoders.cache import EmbeddingCache
 from care.paths import shared_data
 from data_pipeline import mining
+from data_pipeline.mining_window import mining_window
 
 REPEATS = 5
 
@@ -69,7 +70,7 @@ def run() -> dict:
     examples, texts = real_examples()
     pools = {p: [e for e in examples if e["pool"] == p] for p in ("answers", "questions")}
     try:
-        window = mining.mining_window(cfg)
+        window = mining_window(cfg)
     except ValueError:
         q = mining.encode(encoder, [texts[e["query_id"]] for e in pools["answers"]], "query", 64, cache)
         index = faiss.IndexFlatIP(q.shape[1])

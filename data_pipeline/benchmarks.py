@@ -45,9 +45,16 @@ OPEN_STAND_IN = ("open stand-in built from public data (data README); not the re
 CODE = [Path(__file__), *code_files()]
 
 
-def _read(data: dict, name: str, **overrides):
-    records, report = read_source(name, {**data["sources"][name], **overrides}, data["root"], data.get("on_error", "stop"))
-    texts = {r.id: r.text for r in records if isinstance(r, Text)}
+def read_shared_source(data: dict, name: str, **overrides) -> tuple[list, dict[str, Text], dict]:
+    """Source `name` of the resolved data config (conf/data/shared.yaml), its options updated by `overrides`:
+    its records, its texts by id and the reader's report (as a dict).  Also the Nano stage's reader of the
+    same sets (data_pipeline/nano/shared_data.py)."""
+    records, report = read_source(name, {**data["sources"][name], **overrides}, data["root"],
+                                  data.get("on_error", "stop"))
+    texts: dict[str, Text] = {}
+    for r in records:
+        if isinstance(r, Text):
+            texts.setdefault(r.id, r)  # readers yield a shared text once per use; the first copy is its place
     return records, texts, report.as_dict()
 
 
@@ -67,15 +74,16 @@ def _reranking_rows(lists: Iterable[tuple[str, dict[str, int]]], positive, count
     return rows
 
 
-def _candidate_lists(records, texts: dict, split: str, counts: dict) -> list[tuple[str, dict[str, int]]]:
+def _candidate_lists(records, texts: dict[str, Text], split: str,
+                     counts: dict) -> list[tuple[str, dict[str, int]]]:
     """QueryCandidates of a split -> (query text, {candidate text: label}).  A text judged twice for one
     query (two ids, e.g. two cMedIR urls with one title) is one candidate with its best label: counted."""
     out: dict[str, dict[str, int]] = {}
     for qc in records:
         if isinstance(qc, QueryCandidates) and qc.split == split:
-            judged = out.setdefault(texts[qc.query_id], {})
+            judged = out.setdefault(texts[qc.query_id].text, {})
             for doc, label in qc.candidates:
-                text = texts[doc]
+                text = texts[doc].text
                 if text in judged:
                     counts["identical_texts_merged"] += 1
                 judged[text] = max(judged.get(text, label), label)
@@ -107,7 +115,7 @@ def _zero(*names: str) -> dict:
 def build_cmedteb_open(data: dict, out: Path) -> dict:
     def reranking_slot(source: str, min_label: int, file: Path, description: str, **read_options) -> dict:
         """A test split's candidate lists as a C-MTEB reranking file; positive = label >= min_label."""
-        records, texts, report = _read(data, source, **read_options)
+        records, texts, report = read_shared_source(data, source, **read_options)
         counts = _zero("identical_texts_merged", "dropped_no_positive", "dropped_no_negative")
         rows = _reranking_rows(_candidate_lists(records, texts, "test", counts), lambda label: label >= min_label,
                                counts)
@@ -122,13 +130,13 @@ def build_cmedteb_open(data: dict, out: Path) -> dict:
         "ChineseBLUE cMedQA2 test grouped by question, trusted questions only (1-2 positives)",
         files={"test": data["sources"]["cmedqa2_pairs"]["files"]["test"]})
 
-    records, texts, report = _read(data, "kuake_qtr")
+    records, texts, report = read_shared_source(data, "kuake_qtr")
     titles = {native_id(r.id): r.text for r in records if isinstance(r, Text) and r.role == "title"}
     queries, qrels, conflicts = {}, {}, 0
     for p in records:
         if isinstance(p, Pair) and p.split == "dev":
             q, d = native_id(p.text1_id), native_id(p.text2_id)
-            queries[q] = texts[p.text1_id]
+            queries[q] = texts[p.text1_id].text
             judged = qrels.setdefault(q, {})
             conflicts += d in judged and judged[d] != p.label
             judged[d] = max(judged.get(d, p.label), int(p.label))
@@ -146,8 +154,8 @@ def build_cmedteb_open(data: dict, out: Path) -> dict:
         "cMedIR test grouped by query; positive = label >= 2 (nDCG gain = label), negative = label 0-1",
         files={"test": data["sources"]["cmedir"]["files"]["test"]})
 
-    records, texts, report = _read(data, "kuake_qqr")
-    pairs = [{"sentence1": texts[p.text1_id], "sentence2": texts[p.text2_id], "score": p.label}
+    records, texts, report = read_shared_source(data, "kuake_qqr")
+    pairs = [{"sentence1": texts[p.text1_id].text, "sentence2": texts[p.text2_id].text, "score": p.label}
              for p in records if isinstance(p, Pair) and p.split == "dev"]
     write_jsonl(out / "sts" / "dev.jsonl", pairs)
     slots["sts"] = {"source": "KUAKE-QQR dev (labels 0/1/2), disputed id s9 dropped",
@@ -158,13 +166,13 @@ def build_cmedteb_open(data: dict, out: Path) -> dict:
 def build_cmedqa2_retrieval(data: dict, out: Path) -> dict:
     test = {"test": data["sources"]["cmedqa2_pairs"]["files"]["test"]}
     # The corpus is every answer of the test file, the untrusted questions' answers included.
-    every, _, _ = _read(data, "cmedqa2_pairs", files=test, min_positives=0, max_positives=None)
+    every, _, _ = read_shared_source(data, "cmedqa2_pairs", files=test, min_positives=0, max_positives=None)
     corpus = {native_id(r.id): r.text for r in every if isinstance(r, Text) and r.role == "answer"}
-    records, texts, report = _read(data, "cmedqa2_pairs", files=test)
+    records, texts, report = read_shared_source(data, "cmedqa2_pairs", files=test)
     queries, qrels = {}, {}
     for qc in records:
         if isinstance(qc, QueryCandidates):
-            queries[native_id(qc.query_id)] = texts[qc.query_id]
+            queries[native_id(qc.query_id)] = texts[qc.query_id].text
             qrels[native_id(qc.query_id)] = {native_id(d): 1 for d, label in qc.candidates if label >= 1}
     return {"cmedqa2_test": {"source": "ChineseBLUE cMedQA2 test: trusted questions (1-2 positives) against all "
                                        "answers of the test file", **_write_beir(out / "cmedqa2_test", "test", corpus, queries, qrels),

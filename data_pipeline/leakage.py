@@ -13,7 +13,8 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 
 from care.data.records import Example
-from data_pipeline.dedup.minhash import SEED, shingles, similar_pairs
+from data_pipeline.dedup.minhash import similar_pairs
+from data_pipeline.dedup.minhash_reference import SEED, shingles
 from data_pipeline.dedup.normalize import Normalizer
 
 

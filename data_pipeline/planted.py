@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from care.paths import shared_data
-from data_pipeline.dedup.minhash import jaccard, shingles
+from data_pipeline.dedup.minhash_reference import jaccard, shingles
 from data_pipeline.dedup.normalize import Normalizer
 
 KINDS = ("exact", "variant", "near")

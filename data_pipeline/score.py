@@ -4,7 +4,7 @@ for distillation (FlagEmbedding's pos_scores / neg_scores).  Not part of `stage=
     python -m data_pipeline stage=score teacher=FOLDER|MODEL_NAME [score.input_dir=...] [score.out_dir=...]
 
 The teacher is a cross-encoder (raw pair logits) or any project encoder (evaluation's similarity); how they are
-told apart and how each scores is data_pipeline/teachers.py, the keys conf/pipeline/score.yaml.  Every distinct
+told apart and how each scores is data_pipeline/teachers.py, the keys conf/score/default.yaml.  Every distinct
 pair is scored once, through a cache keyed by the teacher's fingerprint, so an interrupted run resumes where it
 stopped; a run whose inputs, teacher and config are unchanged is skipped.
 

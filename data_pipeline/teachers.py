@@ -36,6 +36,7 @@ from care.config import CONF_DIR, model_config
 from care.data.io import atomic_open
 from care.encoders import build_encoder, detect
 from care.encoders.cache import EmbeddingCache, list_hash, text_key
+from care.encoders.prompts import legacy_keyed
 from care.encoders.registry import TRAINING_RECORD
 from care.evaluation.corpora import evaluation_model
 from care.models.hub import weights_digest
@@ -99,7 +100,7 @@ def teacher_identity(spec: dict, opts: dict) -> dict:
                 "fingerprint": cross_fingerprint(spec["folder"], opts)}
     model = evaluation_model(spec["model"], opts.get("max_length"))
     paths = [model[s]["path"] for s in ("query", "document")] if model.get("kind") == "care" else [model["path"]]
-    return {"kind": spec["kind"], "model": model, "weights": [weights_digest(p) for p in paths],
+    return {"kind": spec["kind"], "model": legacy_keyed(model), "weights": [weights_digest(p) for p in paths],
             "heads": opts.get("heads"), "hybrid_weights": opts.get("hybrid_weights")}
 
 

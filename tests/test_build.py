@@ -193,7 +193,7 @@ def test_flagembedding_reads_the_export(flag_files, tiny_bert_dir, tmp_path):
 
 
 def test_config_names_what_the_import_stage_reads():
-    """Every rule and evaluation set of conf/pipeline/build.yaml names a source and split of conf/data."""
+    """Every rule and evaluation set of conf/build/default.yaml names a source and split of conf/data."""
     cfg = load_config("data_pipeline")
     for spec in [*cfg.build.rules, *cfg.build.eval_sets]:
         assert spec.source in cfg.data.sources, spec.name

@@ -1,5 +1,6 @@
-"""The tower folders of asymmetric encoders (care.tools.build_towers): the tiny query/document pair, a
-BertModel-family encoder cut to its first N layers, and the registry hook ensure_towers."""
+"""The tower folders of asymmetric encoders (care.encoders.build.towers; its command line care.tools.build_towers):
+the tiny query/document pair, a BertModel-family encoder cut to its first N layers, and build_from_spec (what
+the registry calls on first use)."""
 from __future__ import annotations
 
 import csv
@@ -10,8 +11,8 @@ import pytest
 import torch
 from transformers import AutoConfig, AutoModel, AutoTokenizer
 
+from care.encoders.build.towers import build_cut, build_from_spec, build_tiny, default_source
 from care.tools import build_towers
-from care.tools.build_towers import build_cut, build_tiny, ensure_towers
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -193,21 +194,21 @@ def test_cut_of_the_real_me5_equals_its_fourth_layer(tmp_path, questions):
     out = tmp_path / "me5-l4"
     manifest = build_cut(None, out, layers=4)
     assert manifest["source_layers"] == 12 and manifest["hidden"] == 384
-    intermediate_equals_cut(build_towers.default_source(), out, 4, ["query: " + q for q in questions[:8]])
+    intermediate_equals_cut(default_source(), out, 4, ["query: " + q for q in questions[:8]])
 
 
 # ----------------------------------------------------------------------------------------------------
 # the registry hook
 
-def test_ensure_towers_runs_the_named_builder(bert4, tmp_path):
-    ensure_towers({"tool": "tiny", "out": str(tmp_path / "pair"), "seed": 2})
+def test_build_from_spec_runs_the_named_builder(bert4, tmp_path):
+    build_from_spec({"tool": "tiny", "out": str(tmp_path / "pair"), "seed": 2})
     assert AutoConfig.from_pretrained(tmp_path / "pair" / "document").model_type == "qwen3"
-    ensure_towers({"tool": "cut", "source": str(bert4), "layers": 3, "out": str(tmp_path / "cut")})
+    build_from_spec({"tool": "cut", "source": str(bert4), "layers": 3, "out": str(tmp_path / "cut")})
     assert AutoConfig.from_pretrained(tmp_path / "cut").num_hidden_layers == 3
     manifest = json.loads((tmp_path / "cut" / "manifest.json").read_text(encoding="utf-8"))
-    ensure_towers({"tool": "cut", "source": str(bert4), "layers": 3, "out": str(tmp_path / "cut")})  # a no-op
+    build_from_spec({"tool": "cut", "source": str(bert4), "layers": 3, "out": str(tmp_path / "cut")})  # a no-op
     assert json.loads((tmp_path / "cut" / "manifest.json").read_text(encoding="utf-8")) == manifest
     for spec, msg in (({"tool": "prune", "out": "x"}, "'tiny' or 'cut'"), ({"tool": "cut", "out": "x"}, "'layers'"),
                       ({"tool": "tiny"}, "'out'"), ({"tool": "tiny", "out": "x", "width": 8}, "unknown keys")):
         with pytest.raises(ValueError, match=msg):
-            ensure_towers(spec)
+            build_from_spec(spec)

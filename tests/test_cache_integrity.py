@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 from _evaluation_helpers import FakeM3
 
-from care.encoders.cache import DIGESTS, EmbeddingCache, _mismatch, list_hash, text_key
+from care.encoders.cache import EmbeddingCache, list_hash, text_key
+from care.encoders.cache_chunks import DIGESTS, _mismatch
 
 TEXTS = ["头痛", "发烧怎么办", "头痛", "糖尿病饮食", "咳嗽有痰怎么办"]
 HEADS = FakeM3.heads

@@ -17,7 +17,7 @@ import pytest
 from care.config import load_config
 from care.data.io import DataError
 from care.encoders import build_encoder
-from data_pipeline.dedup import calibrate
+from data_pipeline.dedup import calibrate, calibrate_labels, calibrate_rates
 from data_pipeline.planted import shared_texts
 
 EDGES = [0.70, 0.75, 0.80, 0.85, 0.90, 0.95, 1.0]
@@ -35,15 +35,15 @@ def test_intervals_and_rates_match_plain_python():
     rng = np.random.default_rng(0)
     cos = np.concatenate([rng.uniform(0.6, 1.0, 2000), EDGES])     # edges themselves included
     labels = rng.integers(0, 2, len(cos))
-    assert calibrate.interval_of(cos, EDGES).tolist() == [ref_interval(c, EDGES) for c in cos]
-    table = calibrate.rate_table(cos, labels, EDGES)
+    assert calibrate_rates.interval_of(cos, EDGES).tolist() == [ref_interval(c, EDGES) for c in cos]
+    table = calibrate_rates.rate_table(cos, labels, EDGES)
     for k, row in enumerate(table):
         sel = [lab for c, lab in zip(cos, labels) if ref_interval(c, EDGES) == k]
         assert (row["pairs"], row["positives"]) == (len(sel), sum(sel))
         assert row["rate"] == pytest.approx(sum(sel) / len(sel), abs=1e-4)
     assert table[-1]["interval"] == "[0.95, 1]" and table[0]["interval"] == "[0.7, 0.75)"
     with pytest.raises(ValueError, match="increasing"):
-        calibrate.interval_of([0.5], [0.8, 0.7])
+        calibrate_rates.interval_of([0.5], [0.8, 0.7])
 
 
 def _table(rates):
@@ -52,14 +52,14 @@ def _table(rates):
 
 def test_suggestion_rule():
     random_cos = np.linspace(0.50, 0.70, 201)                      # its 95% quantile is 0.69
-    got = calibrate.suggest(_table([0.1, 0.3, 0.6, 0.4, 0.7, 0.9]), random_cos)
+    got = calibrate_rates.suggest(_table([0.1, 0.3, 0.6, 0.4, 0.7, 0.9]), random_cos)
     assert got == {"dedup_cosine": 0.90, "mine_lo": 0.69, "mine_hi": 0.90}   # 0.4 at [0.85,0.90) breaks the run
-    got = calibrate.suggest(_table([0.1, 0.3, 0.55, None, 0.7, 0.9]), random_cos)
+    got = calibrate_rates.suggest(_table([0.1, 0.3, 0.55, None, 0.7, 0.9]), random_cos)
     assert got["dedup_cosine"] == 0.80                              # empty intervals do not break it
     with pytest.raises(ValueError, match="no interval"):
-        calibrate.suggest(_table([0.1, 0.1, 0.1, 0.2, 0.3, 0.4]), random_cos)
+        calibrate_rates.suggest(_table([0.1, 0.1, 0.1, 0.2, 0.3, 0.4]), random_cos)
     with pytest.raises(ValueError, match="empty"):
-        calibrate.suggest(_table([0.1, 0.3, 0.6, 0.4, 0.7, 0.9]), np.full(10, 0.95))
+        calibrate_rates.suggest(_table([0.1, 0.3, 0.6, 0.4, 0.7, 0.9]), np.full(10, 0.95))
 
 
 @functools.cache
@@ -101,7 +101,7 @@ def test_export_label_report_roundtrip(tmp_path, tiny_bert_dir):
         assert r["cosine"] == pytest.approx(full[a, b], abs=1e-5)
         assert b in top[a] or a in top[b]                    # a nearest-neighbour pair
         k = ref_interval(r["cosine"], edges)
-        assert r["interval"] == calibrate.interval_name(edges, k)
+        assert r["interval"] == calibrate_rates.interval_name(edges, k)
         counts[k] = counts.get(k, 0) + 1
     assert max(counts.values()) <= 7 and len(rows) == len({(r["id1"], r["id2"]) for r in rows})
 
@@ -126,11 +126,11 @@ def test_bad_label_names_line_and_field(tmp_path):
     f = tmp_path / "l.jsonl"
     f.write_text('{"cosine": 0.9, "label": 1}\n{"cosine": 0.8, "label": "maybe"}\n', encoding="utf-8")
     with pytest.raises(DataError) as e:
-        calibrate.read_labels(f)
+        calibrate_labels.read_labels(f)
     assert (e.value.line, e.value.field) == (2, "label") and str(f) in str(e.value)
     f.write_text('{"cosine": "high", "label": 1}\n', encoding="utf-8")
     with pytest.raises(DataError, match="line 1, field 'cosine'"):
-        calibrate.read_labels(f)
+        calibrate_labels.read_labels(f)
 
 
 def test_judge_against_fake_openai_endpoint(tmp_path, tiny_bert_dir, monkeypatch):
@@ -181,7 +181,7 @@ def test_pairs_mode_on_human_labels(tmp_path, tiny_bert_dir, shared):
                  "~dedup.calibrate.pair_sources.chip_sts", "~dedup.calibrate.pair_sources.kuake_qqr",
                  "dedup.calibrate.edges=[-1.0,0.9,0.94,0.96,1.0]"]
     cfg = _cfg(tmp_path, tiny_bert_dir, *overrides)
-    pairs, labels, names = calibrate.labelled_pairs(cfg)
+    pairs, labels, names = calibrate_labels.labelled_pairs(cfg)
     # independent reader of the cMedQQ TSV (label \t q1 \t q2)
     with open(shared / "chineseblue_cmedqq" / "train.txt", encoding="utf-8", newline="") as fh:
         ref = [(r[1].strip(), r[2].strip(), int(r[0])) for r in csv.reader(fh, delimiter="\t", quoting=csv.QUOTE_NONE)]

@@ -12,9 +12,9 @@ import torch
 from _care_helpers import DOCUMENT, encoder, texts, towers  # noqa: F401  (texts, towers: fixtures)
 from transformers import AutoModel, AutoTokenizer, PreTrainedTokenizerFast
 
+from care.models.tiny import qwen3_embedding_like_tokenizer
 from care.models.towers import Tower, TowerSpec, care_towers
 from care.retrieval.scorer import EncoderScorer
-from care.tools.build_towers import qwen3_embedding_like_tokenizer
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

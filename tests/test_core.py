@@ -49,7 +49,7 @@ def test_dense_encoder_matches_manual_pooling(tiny_bert_dir):
 def test_fingerprint_tracks_what_changes_vectors(tiny_bert_dir):
     base = load_config("data_pipeline", ["model=tiny_bert", f"model.path={tiny_bert_dir}"]).model
     a = build_encoder(base)
-    b = build_encoder({**dict(base), "query_prefix": "query: "})
+    b = build_encoder({**dict(base), "prompts": {"query": "query: ", "document": ""}})
     assert a.fingerprint == build_encoder(base).fingerprint
     assert a.fingerprint != b.fingerprint
 

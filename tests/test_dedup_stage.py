@@ -13,7 +13,7 @@ import pytest
 from omegaconf import open_dict
 
 from care.config import load_config
-from care.data.io import DataError
+from care.data.io import DataError, read_text_store
 from care.paths import PROJECT_ROOT
 from data_pipeline.dedup.stage import ThresholdError, load_rows, run, semantic_thresholds
 from data_pipeline.planted import plant, shared_texts
@@ -63,15 +63,21 @@ def test_stage_refuses_before_any_work(tmp_path):
     ('{"id": "a", "text": "一"}\n{"id": "a", "text": "二"}\n', None, 2, "id"),
     ('{"id": "a", "text": "一"}\n{"id": "b", "text": "  "}\n', None, 2, "text"),
     ('{"id": "a", "text": "一"}\n{"id": "b"}\n', None, 2, "text"),
+    ('{"id": 5, "text": "一"}\n{"id": 5, "text": "二"}\n', None, 2, "id"),
     ('{"id": "a", "text": "一", "role": "answer"}\n{"id": "b", "text": "二"}\n', ["answer"], 2, "role"),
 ])
 def test_bad_rows_name_file_line_field(tmp_path, content, roles, line, field):
+    """The stage's reader and care.data.io.read_text_store share one text-store check: the same refusals."""
     src = tmp_path / "bad.jsonl"
     src.write_text(content, encoding="utf-8")
-    with pytest.raises(DataError) as e:
-        load_rows(src, roles=roles, sources=None)
-    assert (e.value.path, e.value.line, e.value.field) == (str(src), line, field)
-    assert str(src) in str(e.value)
+    readers = [lambda: load_rows(src, roles=roles, sources=None)]
+    if not roles:
+        readers.append(lambda: read_text_store(src))
+    for read in readers:
+        with pytest.raises(DataError) as e:
+            read()
+        assert (e.value.path, e.value.line, e.value.field) == (str(src), line, field)
+        assert str(src) in str(e.value)
 
 
 def test_undecodable_bytes(tmp_path):

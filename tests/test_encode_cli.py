@@ -14,7 +14,8 @@ import pytest
 from care.config import load_config
 from care.data.io import write_jsonl
 from care.encoders import dense
-from care.encoders.cache import EmbeddingCache, ForeignChunkError
+from care.encoders.cache import EmbeddingCache
+from care.encoders.cache_chunks import ForeignChunkError
 from care.paths import PROJECT_ROOT
 from encode import encode
 
@@ -137,7 +138,7 @@ def test_a_chunk_of_another_document_tower_is_refused(tiny_bert_dir, corpus, tmp
     cache = tmp_path / "cache"
     mine = run(*args(tiny_bert_dir, corpus, cache))
     # another document tower (same weights, another document prompt) over the same corpus, elsewhere
-    other = run(*args(tiny_bert_dir, corpus, tmp_path / "other", "model.doc_prefix=passage: "))
+    other = run(*args(tiny_bert_dir, corpus, tmp_path / "other", "model.prompts.document=passage: "))
     (fp,), (other_fp,) = mine["fingerprints"], other["fingerprints"]
     assert fp != other_fp
     # its shard 0 copied over ours: the same file name (same texts), other vectors

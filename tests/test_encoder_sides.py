@@ -74,15 +74,16 @@ def test_the_trainer_tokenizes_with_the_encoders_prompts(tmp_path):
     from omegaconf import OmegaConf
 
     from care.encoders.m3 import M3Encoder
+    from care.encoders.prompts import Prompts
     from care.models.m3 import tiny_m3
     from care.training.model import M3Family
 
     path = tiny_m3(dropout=0.0).save(tmp_path / "m3")
     cfg = OmegaConf.create({"seed": 0, "model": {"name": "t", "kind": "m3", "path": str(path), "pooling": "cls",
-                                                  "query_prefix": "Q: ", "doc_prefix": "D: "},
+                                                  "prompts": {"query": "Q: ", "document": "D: "}},
                             "trainer": {"freeze": [], "backbone_heads": ["dense"], "gradient_checkpointing": False}})
     family = M3Family(cfg)
-    encoder = M3Encoder(str(path), query_prefix="Q: ", doc_prefix="D: ", device="cpu")
+    encoder = M3Encoder(str(path), prompts=Prompts("Q: ", "D: "), device="cpu")
     seen = []
     original = encoder.tokenizer
 

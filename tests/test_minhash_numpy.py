@@ -1,4 +1,5 @@
-"""The numpy MinHash backend (data_pipeline/dedup/minhash.py) against datasketch and brute force.
+"""The numpy MinHash backend (data_pipeline/dedup/minhash_numpy.py, shingle_ids.py) against the datasketch
+reference (minhash_reference.py) and brute force.
 
 - shingle ids: exactly `shingles()` (one id per distinct string, both ways) and HASHFUNC of each string;
 - the signature matrix: datasketch's own MinHash.bulk hash values, bit for bit;
@@ -15,9 +16,11 @@ import numpy as np
 import pytest
 from datasketch import MinHash
 
-from data_pipeline.dedup import minhash as mh
-from data_pipeline.dedup.minhash import HASHFUNC, SEED, jaccard, minhash_pairs, shingles, similar_pairs
+from data_pipeline.dedup import minhash_numpy as numpy_backend
+from data_pipeline.dedup.minhash import BACKENDS, minhash_pairs, similar_pairs
+from data_pipeline.dedup.minhash_reference import HASHFUNC, SEED, jaccard, shingles
 from data_pipeline.dedup.normalize import Normalizer
+from data_pipeline.dedup.shingle_ids import factorize, shingle_ids_of_sets, shingle_ids_of_texts
 from data_pipeline.planted import plant, shared_texts
 
 # texts the real data may lack: empty (twice: a pair of Jaccard 1.0), shorter than n, astral and control
@@ -34,7 +37,7 @@ def texts() -> list[str]:
 
 
 def grams_in_order(text: str, n: int) -> list[str]:
-    """The n-grams of a text by position (what _shingle_texts lists per text), independently of shingles()."""
+    """The n-grams of a text by position (what shingle_ids_of_texts lists per text), independently of shingles()."""
     if 0 < len(text) < n:
         return [text]
     return [text[i:i + n] for i in range(len(text) - n + 1)]
@@ -42,7 +45,7 @@ def grams_in_order(text: str, n: int) -> list[str]:
 
 @pytest.mark.parametrize("n", [1, 2, 3])
 def test_shingle_ids_are_exact(texts, n):
-    sh = mh._shingle_texts(texts, n)
+    sh = shingle_ids_of_texts(texts, n)
     assert len(sh) == len(texts)
     id_of: dict[str, int] = {}
     string_of: dict[int, str] = {}
@@ -58,42 +61,43 @@ def test_shingle_ids_are_exact(texts, n):
 
 @pytest.mark.parametrize(("n", "num_perm", "seed"), [(1, 128, SEED), (2, 128, SEED), (3, 64, 5), (4, 128, SEED)])
 def test_signature_matrix_is_datasketch_bulk(texts, n, num_perm, seed):
-    """n = 4 goes through the string path (_shingle_sets); every path gives MinHash.bulk's values."""
+    """n = 4 goes through the string path (shingle_ids_of_sets); every path gives MinHash.bulk's values."""
     sets = [shingles(t, n) for t in texts]
     ref = MinHash.bulk([[s.encode("utf-8") for s in st] for st in sets], num_perm=num_perm, seed=seed,
                        hashfunc=HASHFUNC)
     ref = np.stack([m.hashvalues for m in ref], axis=1)
-    for sh in (mh._shingle_texts(texts, n), mh._shingle_sets(sets)):
-        sig = mh._signature_matrix(sh, num_perm, seed)
+    for sh in (shingle_ids_of_texts(texts, n), shingle_ids_of_sets(sets)):
+        sig = numpy_backend._signature_matrix(sh, num_perm, seed)
         assert sig.dtype == ref.dtype and np.array_equal(sig, ref)
-    assert np.array_equal(mh._signature_matrix(mh._shingle_texts(texts, n), num_perm, seed, perms=10), ref[:10])
+    first_rows = numpy_backend._signature_matrix(shingle_ids_of_texts(texts, n), num_perm, seed, perms=10)
+    assert np.array_equal(first_rows, ref[:10])
 
 
 def test_block_sizes_do_not_matter(texts, monkeypatch):
     """Blocks smaller than one text (signatures) and than one pair (Jaccard counts) give the same values."""
-    sh = mh._shingle_texts(texts[:600], 2)
+    sh = shingle_ids_of_texts(texts[:600], 2)
     i, j = np.triu_indices(100, 1)
-    sig, sims = mh._signature_matrix(sh), mh._exact_jaccard(sh, i, j)
-    monkeypatch.setattr(mh, "_BLOCK", 7)
-    monkeypatch.setattr(mh, "_VERIFY_BLOCK", 150)
-    assert np.array_equal(mh._signature_matrix(sh), sig)
-    assert np.array_equal(mh._exact_jaccard(sh, i, j), sims)
+    sig, sims = numpy_backend._signature_matrix(sh), numpy_backend._exact_jaccard(sh, i, j)
+    monkeypatch.setattr(numpy_backend, "_BLOCK", 7)
+    monkeypatch.setattr(numpy_backend, "_VERIFY_BLOCK", 150)
+    assert np.array_equal(numpy_backend._signature_matrix(sh), sig)
+    assert np.array_equal(numpy_backend._exact_jaccard(sh, i, j), sims)
 
 
 @pytest.mark.parametrize("high", [1 << 20, 1 << 62])  # packed sort, and the argsort when it cannot pack
 def test_factorize_is_unique_inverse(high):
     values = np.random.default_rng(0).integers(0, high, 5000) // 7 * 7
     values[:50] = values[50:100]
-    ids, first = mh._factorize(values)
+    ids, first = factorize(values)
     uniq, inverse = np.unique(values, return_inverse=True)
     assert np.array_equal(ids, inverse.ravel()) and np.array_equal(values[first], uniq)
 
 
 def test_exact_jaccard_is_set_jaccard(texts):
     small = EDGE + random.Random(3).sample(texts, 120)
-    sh = mh._shingle_texts(small, 2)
+    sh = shingle_ids_of_texts(small, 2)
     i, j = np.triu_indices(len(small), 1)
-    got = mh._exact_jaccard(sh, i, j)
+    got = numpy_backend._exact_jaccard(sh, i, j)
     want = [jaccard(shingles(small[a], 2), shingles(small[b], 2)) for a, b in zip(i.tolist(), j.tolist())]
     assert got.tolist() == want                      # the same floats, not approximately
     assert got[(i == 0) & (j == 1)].tolist() == [1.0]   # two empty texts
@@ -140,14 +144,14 @@ def test_band_digest_collisions_fall_back_to_exact_grouping(texts, monkeypatch):
     sets = [shingles(t, 2) for t in texts[:1500]]
     want_self = similar_pairs(sets, None, 0.8, show_progress=False)
     want_join = similar_pairs(sets[:500], sets[500:], 0.8, show_progress=False)
-    monkeypatch.setattr(mh, "_band_key", lambda band: np.zeros(band.shape[1], dtype=np.uint64))
+    monkeypatch.setattr(numpy_backend, "_band_key", lambda band: np.zeros(band.shape[1], dtype=np.uint64))
     assert_same(similar_pairs(sets, None, 0.8, show_progress=False), want_self)
     assert_same(similar_pairs(sets[:500], sets[500:], 0.8, show_progress=False), want_join)
     assert len(want_self.sims) > 50
 
 
 def test_degenerate_inputs():
-    for backend in mh.BACKENDS:
+    for backend in BACKENDS:
         none = minhash_pairs([], 2, show_progress=False, backend=backend)
         assert none.candidates == 0 and len(none.rows) == len(none.cols) == len(none.sims) == 0
         assert similar_pairs([{"ab"}], [], show_progress=False, backend=backend).candidates == 0

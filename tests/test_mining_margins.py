@@ -1,5 +1,5 @@
 """Positive-aware filtering of stage "mine" (mine.relative_margin / absolute_margin / max_score,
-conf/pipeline/mine.yaml) and train.jsonl's `pos_scores`, on the real subset of conftest.py's `build_dir`
+conf/mine/default.yaml) and train.jsonl's `pos_scores`, on the real subset of conftest.py's `build_dir`
 (cEpilepsyQA answers, cMedQQ questions, planted duplicates and dedup cluster) with the `spread_bert` encoder.
 
 The reference here is brute force and independent of the stage: the encoder's own encode_queries /
@@ -28,6 +28,7 @@ from care.data.stage_cache import fingerprint
 from care.encoders import build_encoder
 from care.models.hub import weights_digest
 from data_pipeline import mining
+from data_pipeline.mining_window import rule_thresholds
 
 TOP_ALL = 1000  # more than any pool holds: the stage's top-K is the whole pool, as the reference's
 FUZZ = 1e-5
@@ -46,7 +47,7 @@ def unit(x: np.ndarray) -> np.ndarray:
 
 
 def thresholds(rules: dict, pos: list[float]) -> dict[str, float]:
-    """conf/pipeline/mine.yaml's rules, redone: p = the least similar positive; drop s > threshold."""
+    """conf/mine/default.yaml's rules, redone: p = the least similar positive; drop s > threshold."""
     p = min(pos)
     out = {}
     if "relative_margin" in rules:
@@ -253,11 +254,11 @@ def test_rule_thresholds():
     """The thresholds from an example's least similar positive; the relative margin comes off |p|, so a
     negative positive similarity still puts the threshold below the positive, not above."""
     pos = np.array([0.8, 0.5, -0.5])
-    got = mining.rule_thresholds({"relative_margin": 0.1, "absolute_margin": 0.05, "max_score": 0.7}, pos)
+    got = rule_thresholds({"relative_margin": 0.1, "absolute_margin": 0.05, "max_score": 0.7}, pos)
     assert got["relative_margin"] == pytest.approx([0.72, 0.45, -0.55])
     assert got["absolute_margin"] == pytest.approx([0.75, 0.45, -0.55])
     assert got["max_score"].tolist() == [0.7] * 3
-    assert mining.rule_thresholds({}, pos) == {}
+    assert rule_thresholds({}, pos) == {}
 
 
 def test_options_off_stats(runs):

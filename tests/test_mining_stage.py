@@ -11,6 +11,7 @@ from omegaconf import open_dict
 from care.data.io import DataError
 from data_pipeline import mining
 from data_pipeline.dedup.stage import ThresholdError
+from data_pipeline.mining_window import mining_window
 
 
 def test_stage_outputs_and_rerun_skipped(build_dir, spread_bert, window, tmp_path):
@@ -52,7 +53,7 @@ def test_window_and_thresholds_refused(build_dir, spread_bert, tmp_path):
     with pytest.raises(ThresholdError, match="calibrated_for is 'bge_m3'"):
         mining.run(cfg)
     cfg.model.thresholds.calibrated_for = "tiny_bert"
-    assert mining.mining_window(cfg) == {
+    assert mining_window(cfg) == {
         "lo": 0.5,
         "hi": 0.8,
         "source": "model.thresholds",

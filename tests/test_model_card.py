@@ -154,7 +154,7 @@ def test_care_record_names_both_base_models_and_baselines_are_never_written(tmp_
     local_doc = tmp_path / "models" / "Qwen3-Embedding-4B"
     local_doc.mkdir(parents=True)
     model = {"name": "care_0.3b_4b", "kind": "care", "current_stage": "stage2",
-             "query": {"path": str(stage1 / "query"), "pooling": "cls", "prompt": "<instruct>{instruction}\n<query>{text}"},
+             "query": {"path": str(stage1 / "query"), "pooling": "cls"},
              "document": {"path": str(local_doc), "pooling": "last_token"}}
     assert base_models(model) == ["Alibaba-NLP/gte-multilingual-base", "Qwen3-Embedding-4B"]
     assert base_models({**model, "document": {**model["document"], "hub_id": "Qwen/Qwen3-Embedding-4B"}}) == \
@@ -175,7 +175,7 @@ def test_care_record_names_both_base_models_and_baselines_are_never_written(tmp_
     text = (final / "README.md").read_text(encoding="utf-8")
     assert "2604.10937" in text and "2402.03216" not in text and "No data lineage was recorded" in text
     assert not ABSOLUTE.search(text), ABSOLUTE.search(text)
-    # a folder with sentence-transformers module files (care.export.st_folder) loads with a bare SentenceTransformer
+    # a folder with sentence-transformers module files (care.encoders.st_folder) loads with a bare SentenceTransformer
     (final / "modules.json").write_text("[]", encoding="utf-8")
     text = write_model_card(final, record).read_text(encoding="utf-8")
     assert 'model = SentenceTransformer("care-run/final")' in text and "a Router sends queries" in text

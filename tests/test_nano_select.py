@@ -16,7 +16,8 @@ from omegaconf import OmegaConf
 from care.config import load_config
 from care.data.io import DataError, write_jsonl
 from data_pipeline.nano.select import select
-from data_pipeline.nano.sources import SourceTask, read_task, shared_tasks
+from data_pipeline.nano.shared_data import shared_tasks
+from data_pipeline.nano.sources import SourceTask, read_task
 
 
 def task(queries, corpus, qrels, name="t") -> SourceTask:

@@ -18,7 +18,7 @@ from care.data.io import DataError, write_jsonl
 from care.data.nano import config_files, load_split
 from care.data.stage_cache import ForeignOutputError
 from care.retrieval.bm25 import wordseg
-from data_pipeline.nano import stage
+from data_pipeline.nano import split, stage
 from data_pipeline.nano.candidates import NanoAuditError
 
 CONFIGS = {"queries", "corpus", "qrels", "bm25", "tiny_bert", "reranking_hybrid",
@@ -155,17 +155,17 @@ def test_an_interrupted_build_keeps_the_previous_dataset_and_its_vectors(built, 
                                                                          monkeypatch):
     out, _, cfg = built
     before = (out / "stats.json").read_bytes()
-    real = stage.bm25_lists
+    real = split.bm25_lists
 
     def fail(*args, **kwargs):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(stage, "bm25_lists", fail)
+    monkeypatch.setattr(split, "bm25_lists", fail)
     with pytest.raises(KeyboardInterrupt):
         stage.run(_cfg(beir, out, tiny_bert_dir, cfg.nano.dense.cache, "nano.seed=1"))
     assert (out / "stats.json").read_bytes() == before  # nothing half-written, the old dataset intact
     assert not [p for p in out.parent.iterdir() if p.name.startswith(".NanoSmall")]
-    monkeypatch.setattr(stage, "bm25_lists", real)
+    monkeypatch.setattr(split, "bm25_lists", real)
 
 
 def test_bad_tasks_are_named(beir, tiny_bert_dir, tmp_path):

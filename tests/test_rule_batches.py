@@ -1,5 +1,5 @@
 """trainer.batching: by_rule (each global batch from one build rule, rule_weights) and mixed (today's order),
-with the data guarantees of care/training/data.py: one global order for any number of processes, exact resume.
+with the data guarantees of care/training/samplers.py: one global order for any number of processes, exact resume.
 Also the fixes of CARE stage I's step cost (bench/care_step_bench.py): a batch in one GradCache chunk runs one
 forward, and checkpoints leave frozen weights out."""
 from __future__ import annotations
@@ -17,8 +17,9 @@ from torch.utils.data import DataLoader
 from care.data.io import DataError, read_jsonl, write_jsonl
 from care.training import trainer as trainer_mod
 from care.training.checkpoint import config_hash
-from care.training.data import EpochSampler, RuleBatchSampler, TrainingGroups, collate_groups
-from care.training.trainer import Trainer, build_sampler, run_hash
+from care.training.data import TrainingGroups, collate_groups
+from care.training.samplers import EpochSampler, RuleBatchSampler, build_sampler
+from care.training.trainer import Trainer, run_hash
 
 # 4 rules of uneven sizes; with a global batch of 4: full batches a 9, b 5, c 2, d 0 (T = 16 an epoch)
 RULES = ["a"] * 37 + ["b"] * 20 + ["c"] * 9 + ["d"] * 3
@@ -328,7 +329,7 @@ def test_checkpoints_leave_frozen_weights_out_and_resume_exactly(ruled):
 
     from care.models.m3 import tiny_m3
     from care.training.checkpoint import ResumeError as Refused
-    from care.training.trainer import load_trained, trained_state
+    from care.training.model_saving import load_trained, trained_state
 
     root, texts, train = ruled
 

@@ -1,4 +1,4 @@
-"""Every model folder the project writes is a sentence-transformers folder (care.export.st_folder): loaded by
+"""Every model folder the project writes is a sentence-transformers folder (care.encoders.st_folder): loaded by
 SentenceTransformer in a process that never imports the project, its encode_query / encode_document equal the
 project's encode_queries / encode_documents.  CARE's two towers: tests/test_care_end_to_end.py."""
 from __future__ import annotations
@@ -12,7 +12,7 @@ from _training_helpers import make_training_files, train_config
 
 from care.encoders import build_encoder, detect
 from care.encoders.prompts import Prompts
-from care.export.st_folder import ST_FILES, st_prompts, write_st_files
+from care.encoders.st_folder import ST_FILES, st_prompts, write_st_files
 from care.models.hub import weights_digest
 from care.training.trainer import Trainer
 
@@ -54,7 +54,7 @@ def test_a_copied_folder_loads_alone(m3_run, tmp_path):
 def test_an_e5_style_run_keeps_mean_pooling_and_prefixes_in_merged_and_tuned_folders(tmp_path, shared, tiny_bert_dir):
     texts, train = make_training_files(tmp_path, shared, n_questions=16)
     cfg = train_config(tmp_path, texts, train, "run", "model=tiny_bert", f"model.path={tiny_bert_dir}",
-                       "model.pooling=mean", "model.query_prefix='query: '", "model.doc_prefix='passage: '",
+                       "model.pooling=mean", "model.prompts.query='query: '", "model.prompts.document='passage: '",
                        "trainer.max_steps=2", "trainer.merge_with_start=0.5", "trainer.checkpoint_every=100")
     Trainer(cfg).fit()
     for name in ("final", "tuned"):
@@ -68,8 +68,8 @@ def test_an_e5_style_run_keeps_mean_pooling_and_prefixes_in_merged_and_tuned_fol
 def test_a_dense_config_with_a_matryoshka_cut_and_the_digest_unchanged(tiny_bert_dir, tmp_path):
     folder = shutil.copytree(tiny_bert_dir, tmp_path / "dense")
     before = weights_digest(folder)
-    cfg = {"kind": "dense", "name": "cut", "path": str(folder), "pooling": "mean", "query_prefix": "q: ",
-           "doc_prefix": "", "max_length": 16, "truncate_dim": 24}
+    cfg = {"kind": "dense", "name": "cut", "path": str(folder), "pooling": "mean",
+           "prompts": {"query": "q: ", "document": ""}, "max_length": 16, "truncate_dim": 24}
     write_st_files(folder, cfg)
     assert weights_digest(folder) == before  # embedding caches keyed before these files existed stay valid
     assert all((folder / name).is_file() for name in ST_FILES if name != "router_config.json")

@@ -19,9 +19,9 @@ from safetensors.torch import load_file
 
 from care.config import load_config
 from care.data.io import read_jsonl, write_jsonl
+from care.encoders.build.towers import build_cut, build_from_spec, default_source, picked_layers
 from care.models.towers import Tower, TowerSpec
 from care.tools import build_towers
-from care.tools.build_towers import build_cut, ensure_towers, picked_layers
 from care.training.care_family import CachedDocuments, CAREFamily, check_cut_folders, tokenize_with_limits
 from care.training.care_recipe import run_care, same_text_pairs, stage_config, text_kind, text_mix
 from care.training.checkpoint import config_hash
@@ -90,7 +90,7 @@ def test_first_keeps_the_key_of_before_and_spread_is_another_folder(bert6, tmp_p
     assert build_cut(bert6, tmp_path / "cut", layers=2, pick="first")["skipped"]  # an explicit default: up to date
     build_towers.main(["cut", str(bert6), str(tmp_path / "cli"), "--layers", "2", "--pick", "spread"])
     assert json.loads((tmp_path / "cli" / "manifest.json").read_text())["picked_layers"] == [0, 5]
-    ensure_towers({"tool": "cut", "source": str(bert6), "layers": 2, "pick": "spread", "out": str(tmp_path / "cut")})
+    build_from_spec({"tool": "cut", "source": str(bert6), "layers": 2, "pick": "spread", "out": str(tmp_path / "cut")})
     assert json.loads((tmp_path / "cut" / "manifest.json").read_text())["picked_layers"] == [0, 5]
 
 
@@ -113,7 +113,7 @@ def test_spread_cut_of_the_real_me5_keeps_layers_0_4_7_11(tmp_path):
     manifest = build_cut(None, out, layers=4, pick="spread")
     assert manifest["source_layers"] == 12 and manifest["picked_layers"] == [0, 4, 7, 11]
     for k, src_layer in enumerate([0, 4, 7, 11]):
-        mine, theirs = layer_weights(out, k), layer_weights(build_towers.default_source(), src_layer)
+        mine, theirs = layer_weights(out, k), layer_weights(default_source(), src_layer)
         assert mine and all(torch.equal(mine[n], theirs[n]) for n in mine), k
 
 

@@ -8,7 +8,8 @@ from _training_helpers import make_training_files, train_config
 from torch.utils.data import DataLoader
 
 from care.data.io import DataError, read_jsonl, write_jsonl
-from care.training.data import EpochSampler, TrainingGroups, collate_groups
+from care.training.data import TrainingGroups, collate_groups
+from care.training.samplers import EpochSampler
 from care.training.trainer import Trainer
 
 
@@ -42,7 +43,7 @@ def test_passages_of_query_side_pools_get_the_query_prefix(tmp_path, shared):
     texts, train = make_training_files(tmp_path, shared, n_questions=16)
     rows = list(read_jsonl(train))
     write_jsonl(train, [{**r, "pool": "questions" if i % 2 else "answers"} for i, r in enumerate(rows)])
-    cfg = train_config(tmp_path, texts, train, "run", "model.query_prefix='Q: '", "model.doc_prefix='D: '",
+    cfg = train_config(tmp_path, texts, train, "run", "model.prompts.query='Q: '", "model.prompts.document='D: '",
                        "trainer.query_side_pools=[questions]")
     trainer = Trainer(cfg)
     seen = []

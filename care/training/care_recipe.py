@@ -211,7 +211,7 @@ def stage_config(cfg: DictConfig, stage: str, run_dir: Path) -> DictConfig:
 # Recipe keys newer than run folders on disk (the stage-I study's), with the value that keeps the behaviour
 # those runs had: at that value a key is left out of the stage's config, so its hash
 # (care.training.checkpoint.config_hash) is the one it had before the key existed and such a run still
-# resumes and is still recognised as finished (as care/training/trainer.py's NEUTRAL_WHEN does for its keys).
+# resumes and is still recognised as finished (as care.config.NEUTRAL_TRAINER does for the trainer's keys).
 NEUTRAL_WHEN = {"stage": {"query_share": None, "query_text_max_length": None, "document_text_max_length": None,
                           "heldout_texts": 0},
                 "loss": {"score_distill_weight": 0.0, "score_distill_temperature": None},

@@ -40,6 +40,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from care.config import RUN_SETTINGS, without_keys
 from care.data.io import atomic_folder, file_digest
+from care.encoders.prompts import legacy_keyed
 from care.encoders.registry import CHECKPOINT_MODEL, TRAINING_RECORD
 from care.models.hub import weights_digest
 
@@ -72,6 +73,7 @@ def config_hash(cfg: DictConfig) -> str:
     """What determines the trained weights: the resolved config without RESUME_SAFE keys, plus the content
     of the training files and the starting weights (not their paths, which may move)."""
     c = without_keys(OmegaConf.to_container(cfg, resolve=True), RESUME_SAFE)
+    c["model"] = legacy_keyed(c["model"])  # a run trained before `prompts:` was named keeps its hash
     c["data_digest"] = [file_digest(cfg.data.texts), file_digest(cfg.data.examples)]
     paths = [cfg.model[side].path for side in ("query", "document")] if "query" in cfg.model else [cfg.model.path]
     c["start_weights"] = [weights_digest(p) for p in paths] if len(paths) > 1 else weights_digest(paths[0])

@@ -53,8 +53,8 @@ def merge_with_start(model, start, weight: float):
 
 def main(argv: list[str] | None = None) -> None:
     from care.encoders.registry import TRAINING_RECORD, read_record
+    from care.encoders.st_folder import declared_pooling, write_st_files
     from care.errors import app_errors
-    from care.export.st_folder import declared_pooling, write_st_files
     from care.models.m3 import M3Model, load_backbone
 
     p = argparse.ArgumentParser(description="Merge a fine-tuned M3 checkpoint with the encoder it started from.")

@@ -101,8 +101,8 @@ class M3Family:
 
     def encoder(self, modules: Sequence[nn.Module], max_length: int) -> Encoder:
         m = self.model_cfg
-        return M3Encoder(m["path"], name=m["name"], pooling=self.pooling, query_prefix=self.prompts.query,
-                         doc_prefix=self.prompts.document, max_length=max_length,
+        return M3Encoder(m["path"], name=m["name"], pooling=self.pooling, prompts=self.prompts,
+                         max_length=max_length,
                          device=str(next(modules[0].parameters()).device), model=modules[0])
 
     def model_config(self) -> dict:

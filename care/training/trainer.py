@@ -9,11 +9,11 @@ every process (care.training.distributed).  Validation (early stopping, the best
 process only.  The loop knows no model family: it drives care.training.model's protocol.  A loss that
 distils teacher scores (`loss.teacher_weight > 0`; CARE: `model.stages.stage2.loss.teacher_weight`) gets each
 batch's (batch, group_size) scores of the drawn groups (care.training.data), gathered like the negatives.
-`trainer.batching: by_rule` draws each global batch from one build rule (care.training.data).
+`trainer.batching: by_rule` draws each global batch from one build rule (care.training.samplers).
 
 The run folder (`output_dir`) is described in the README ("Training"); checkpoints and resume in
-care.training.checkpoint (a checkpoint's weights leave frozen parameters out: trained_state), the log and
-curves in care.training.runlog.
+care.training.checkpoint, what is saved of the model (a checkpoint's trained weights, the model folders
+best/ and final/) in care.training.model_saving, the log and curves in care.training.runlog.
 """
 from __future__ import annotations
 
@@ -28,31 +28,21 @@ import torch
 from accelerate import Accelerator
 from accelerate.utils import broadcast_object_list, set_seed
 from hydra.utils import instantiate
-from omegaconf import DictConfig, OmegaConf, open_dict
+from omegaconf import DictConfig, open_dict
 from torch.utils.data import DataLoader
 from tqdm.auto import tqdm
 from transformers import get_cosine_schedule_with_warmup
 
 from care.config import neutral_trainer_keys
-from care.data.io import atomic_folder, link_or_copy_tree, write_json
-from care.encoders.registry import TRAINING_RECORD, read_record
-from care.export.card import write_model_card
-from care.export.provenance import base_models, data_lineage, portable
-from care.export.st_folder import write_st_files
 from care.runlock import FORCE_KEY, lock_run_folder, release_lock_after, release_lock_on_error
 from care.training.checkpoint import AlreadyFinished, ResumeError, RunFolder, config_hash
-from care.training.data import (
-    BATCHINGS,
-    EpochSampler,
-    RuleBatchSampler,
-    TrainingGroups,
-    collate_groups,
-    require_training_files,
-)
+from care.training.data import TrainingGroups, collate_groups, require_training_files
 from care.training.distributed import all_gather_with_grad, gather_reps, world_size
 from care.training.families import build_family
 from care.training.gradcache import GradCache
+from care.training.model_saving import load_trained, save_final, save_model, trained_state
 from care.training.runlog import RunLog, memory_mb, wandb_mode
+from care.training.samplers import build_sampler
 from care.training.validation import EarlyStopping, Validator
 
 __all__ = ["AlreadyFinished", "ResumeError", "Trainer"]
@@ -68,52 +58,6 @@ def run_hash(cfg: DictConfig) -> str:
         for k in neutral:
             c.trainer.pop(k.split(".", 1)[1])
     return config_hash(c)
-
-
-def build_sampler(t: DictConfig, data: TrainingGroups, seed: int, num_processes: int):
-    """The epoch order of `trainer.batching` (care.training.data: EpochSampler, RuleBatchSampler); by_rule
-    cuts the rules into global batches (batch_size x processes) and records its plan in data.stats."""
-    batching = t.get("batching") or "mixed"
-    if batching not in BATCHINGS:
-        raise ValueError(f"trainer.batching={batching!r}: choose one of {', '.join(BATCHINGS)}")
-    weights = t.get("rule_weights")
-    if batching == "mixed":
-        if weights is not None:
-            raise ValueError("trainer.rule_weights is for trainer.batching=by_rule; with mixed batches set it null")
-        return EpochSampler(len(data), seed)
-    if OmegaConf.is_config(weights):
-        weights = OmegaConf.to_container(weights, resolve=True)
-    sampler = RuleBatchSampler(data.example_rules(), t.batch_size * num_processes, seed, weights)
-    data.stats["batches_per_rule"] = dict(sampler.counts)  # per epoch, of batch_size x processes examples
-    return sampler
-
-
-def frozen_names(model: torch.nn.Module) -> set[str]:
-    return {n for n, p in model.named_parameters(remove_duplicate=False) if not p.requires_grad}
-
-
-def trained_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
-    """A checkpoint's weights of `model`: its state_dict less the frozen parameters (trainer.freeze, CARE
-    stage II's LoRA base), which never leave the start weights a resumed run loads again (the config hash
-    covers both the start weights and what is frozen).  For care_me5's query tower the frozen vocabulary is
-    93% of the weights: its weights in state.pt shrink from 395 to 28 MB (bench/results/care_step.json: the
-    whole state.pt of care_me5's stage I, AdamW's moments included, is now 84 MB)."""
-    frozen = frozen_names(model)
-    return {k: v for k, v in model.state_dict().items() if k not in frozen}
-
-
-def load_trained(model: torch.nn.Module, state: dict, what: str) -> None:
-    """Load trained_state's weights (or a whole state_dict, as checkpoints held before): every key the
-    model has but the frozen ones must be there, and no other."""
-    missing, unexpected = model.load_state_dict(state, strict=False)
-    lacking = sorted(set(missing) - frozen_names(model))
-    if lacking or unexpected:
-        raise ResumeError(f"{what} weights do not fit this model: {len(lacking)} missing (e.g. {lacking[:3]}), "
-                          f"{len(unexpected)} unexpected (e.g. {sorted(unexpected)[:3]})")
-
-
-def trainable_flags(modules) -> list[bool]:
-    return [any(p.requires_grad for p in m.parameters()) for m in modules]
 
 
 def build_loss(loss_cfg: DictConfig, group_size: int):
@@ -170,7 +114,7 @@ class Trainer:
         towers = [m for m in (self.family.query_module, self.family.document_module) if m is not None]
         # Only modules with trainable weights are prepared (DDP refuses a module with nothing to train); a
         # frozen one (CARE stage I's cached document vectors) just moves to the device.
-        self.trainable = trainable = trainable_flags(towers)
+        self.trainable = trainable = [any(p.requires_grad for p in m.parameters()) for m in towers]
         # The loader draws its worker seeds from its own generator, never from the global RNG, so building
         # an iterator (every epoch, and on resume) leaves dropout's random stream untouched.
         loader = DataLoader(self.data, batch_size=t.batch_size, sampler=self.sampler, collate_fn=collate_groups,
@@ -198,7 +142,7 @@ class Trainer:
         self.stopper = EarlyStopping(v.patience, v.min_delta) if v.task else None
         self.step = self.epoch = self.batch_in_epoch = 0
         self.stop_reason = ""
-        self._provenance: dict | None = None  # base models and data lineage, read once (training_record)
+        self.provenance: dict | None = None  # base models and data lineage, read once (model_saving.training_record)
         start = self.folder.resume_point(t.resume)
         if start is not None:
             self.resume(start)
@@ -223,30 +167,7 @@ class Trainer:
         if len(models) > 1:
             state["document_model"] = trained_state(models[1])
         return self.folder.save(self.step, state, self.cfg.trainer.keep_checkpoints,
-                                write_model=lambda folder: self.save_model(models, folder))
-
-    def save_model(self, models: list[torch.nn.Module], folder: Path, weights: str | None = None) -> Path:
-        """A model folder of the family, built beside `folder` and swapped in whole: the weights, the
-        sentence-transformers files (care.export.st_folder) and care_training.json (what evaluate.py detects and
-        scores; every path in it relative to the folder or the project, none absolute)."""
-        with atomic_folder(folder) as tmp:
-            self.family.save(models, tmp)
-            self.finish_folder(tmp, self.training_record(weights or f"step {self.step}"))
-        return folder
-
-    def finish_folder(self, folder: Path, record: dict) -> None:
-        write_st_files(folder, record["model"])
-        write_json(folder / TRAINING_RECORD, record)
-
-    def training_record(self, weights: str, merge: dict | None = None) -> dict:
-        if self._provenance is None:  # once a run: the pipeline's stats files are read, not the training files
-            c = self.cfg
-            self._provenance = {"base_models": base_models(OmegaConf.to_container(c.model, resolve=True)),
-                                "lineage": data_lineage(c.data.texts, c.data.examples)}
-        return {"config_hash": self.hash, "steps": self.step, "stop_reason": self.stop_reason,
-                "data": portable(self.data.stats), "validation": self.validation_summary(), "weights": weights,
-                "merge": merge, "model": self.family.model_config(), **self._provenance,
-                "config": portable(OmegaConf.to_container(self.cfg, resolve=True))}
+                                write_model=lambda folder: save_model(self, models, folder))
 
     def resume(self, folder: Path) -> None:
         state = self.folder.load(folder)
@@ -343,7 +264,7 @@ class Trainer:
         if self.stopper:
             summary.update(best_metric=self.stopper.best, best_step=self.stopper.best_step)
         if self.stop_reason != "max_steps_this_session":  # a paused run has no final model yet
-            summary["final"] = str(self.save_final())
+            summary["final"] = str(save_final(self))
             if acc.is_main_process:
                 self.log_rows.plot(self.cfg.validation.metric if self.stopper else None)
         if end_training:
@@ -365,7 +286,7 @@ class Trainer:
             value = self.validator(self.family.encoder(models, self.cfg.trainer.passage_max_length))
             seconds = time.perf_counter() - start
             if self.stopper.update(value, self.step):
-                self.save_model(models, self.out / "best", f"best (step {self.step})")
+                save_model(self, models, self.out / "best", f"best (step {self.step})")
             self.log_rows.log(self.step, {f"val/{v.metric}": value, "val/best": self.stopper.best,
                                           "val/seconds": seconds})
             decision = ["early_stopping" if self.stopper.should_stop else ""]
@@ -376,32 +297,3 @@ class Trainer:
         if not self.stopper:
             return None
         return {"metric": self.cfg.validation.metric, "best": self.stopper.best, "best_step": self.stopper.best_step}
-
-    # ---- outputs -----------------------------------------------------------------------------------------
-    def save_final(self) -> Path:
-        """final/ (+ tuned/ with a merge): model folders of the family, each with care_training.json, the
-        sentence-transformers files and a model card (care.export.card)."""
-        acc = self.accelerator
-        final = self.out / "final"
-        merge_weight = self.cfg.trainer.get("merge_with_start")
-        if acc.is_main_process:
-            best = self.out / "best"
-            use_best = bool(self.stopper and best.exists())  # the early-stopping choice, not the last weights
-            weights = f"best (step {self.stopper.best_step})" if use_best else "last"
-            # With a merge the fine-tuned weights are kept in tuned/ and final/ is the merged model.
-            tuned = final if merge_weight is None else self.out / "tuned"
-            with atomic_folder(tuned) as tmp:
-                if use_best:
-                    link_or_copy_tree(best, tmp)
-                else:
-                    self.family.save(self.unwrapped(), tmp)
-                self.finish_folder(tmp, self.training_record(weights))
-            if merge_weight is not None:
-                merge = {"weight": merge_weight, "start": portable(str(self.cfg.model.path)), "tuned": "../tuned"}
-                with atomic_folder(final) as tmp:
-                    self.family.merge_with_start(tuned, tmp, merge_weight)
-                    self.finish_folder(tmp, self.training_record(weights, merge))
-                write_model_card(tuned, read_record(tuned))
-            write_model_card(final, read_record(final))
-        acc.wait_for_everyone()
-        return final

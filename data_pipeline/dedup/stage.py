@@ -21,11 +21,13 @@ import numpy as np
 from omegaconf import DictConfig, OmegaConf
 
 from care.data import stage_cache
-from care.data.io import DataError, file_digest, read_jsonl_numbered, save_figure, write_json, write_jsonl
+from care.data.io import DataError, file_digest, read_text_rows, save_figure, write_json, write_jsonl
+from care.encoders.prompts import legacy_keyed
 from care.models.hub import weights_digest
 from data_pipeline.dedup.clusters import Cluster, clusters_from_edges, survivors
 from data_pipeline.dedup.exact import exact_clusters
-from data_pipeline.dedup.minhash import jaccard, minhash_pairs, s_curve, shingles
+from data_pipeline.dedup.minhash import minhash_pairs, s_curve
+from data_pipeline.dedup.minhash_reference import jaccard, shingles
 from data_pipeline.dedup.normalize import Normalizer
 
 STAGES = ("exact", "minhash", "semantic")
@@ -100,15 +102,11 @@ def row_filters(cfg: DictConfig) -> tuple[list[str] | None, list[str] | None]:
 
 def load_rows(path: Path, roles, sources) -> tuple[list[dict], dict]:
     """Rows of the text store that pass the role/source filters; duplicate ids and empty texts are
-    errors (a store whose ids repeat cannot say which text a cluster kept)."""
-    rows, seen, dropped = [], set(), 0
+    errors (care.data.io.read_text_rows: a store whose ids repeat cannot say which text a cluster kept)."""
+    rows, read, dropped = [], 0, 0
     wanted = {"role": set(roles) if roles else None, "source": set(sources) if sources else None}
-    for lineno, row in read_jsonl_numbered(path, required=("id", "text")):
-        if not isinstance(row["text"], str) or not row["text"].strip():
-            raise DataError(path, lineno, "text", f"empty text for id {row['id']!r}")
-        if row["id"] in seen:
-            raise DataError(path, lineno, "id", f"duplicate id {row['id']!r}")
-        seen.add(row["id"])
+    for lineno, row in read_text_rows(path):
+        read += 1
         for field, allowed in wanted.items():
             if allowed is not None and field not in row:
                 raise DataError(path, lineno, field, f"missing, but dedup.{field}s filters on it "
@@ -117,7 +115,7 @@ def load_rows(path: Path, roles, sources) -> tuple[list[dict], dict]:
             rows.append(row)
         else:
             dropped += 1
-    return rows, {"rows_read": len(seen), "rows_filtered_out": dropped,
+    return rows, {"rows_read": read, "rows_filtered_out": dropped,
                   "roles": list(roles) if roles else None, "sources": list(sources) if sources else None}
 
 
@@ -170,7 +168,7 @@ def run(cfg: DictConfig) -> dict:
     fp_config = {"dedup": OmegaConf.to_container(d, resolve=True), "input": str(src),
                  "filters": {"roles": roles, "sources": sources}}
     if semantic:
-        fp_config["model"] = OmegaConf.to_container(cfg.model, resolve=True)
+        fp_config["model"] = legacy_keyed(OmegaConf.to_container(cfg.model, resolve=True))  # fingerprints predating `prompts:`
         fp_config["weights"] = weights_digest(cfg.model.path)
     fp = stage_cache.fingerprint([src], fp_config)
     if not cfg.get("force") and (old := stage_cache.up_to_date(out, fp)):

@@ -1,15 +1,14 @@
 """A retrieval task as the Nano builder reads it: queries, corpus and qrels in source order, normalised the
 way HAKARI's Stage A normalises them (docs/nano.md s.2), so selection (select.py) sees what HAKARI sees.
 
-Two entry points:
-
     read_task(path, split, name)  a task folder in one of the layouts users have:
         BEIR      corpus.jsonl, queries.jsonl, qrels/<split>.tsv (header `query-id corpus-id score`)
         parquet   configs `corpus`, `queries` and the qrels in `qrels` (HAKARI / NanoBEIR: no score column,
                   `corpus-id` possibly a list) or `default` (mteb: with `score`); files found as
                   care/data/nano.py finds them (a README's `configs:`, else `<config>/<split>*.parquet`)
-    shared_tasks(data)            the four retrieval-shaped evaluation splits of the shared data that the open
-                                  CMedTEB stand-in already holds out of training (data_pipeline/benchmarks.py)
+
+The other way in, the four retrieval-shaped evaluation splits of the shared data (the stage's default), is
+shared_data.py's shared_tasks; both give a SourceTask through checked_task.
 
 Texts are normalised here, not with the project's BEIR reader (care/data/sources/beir.py): that one joins a
 title and its text with a space, HAKARI with a blank line.
@@ -22,8 +21,6 @@ from pathlib import Path
 
 from care.data.io import DataError, read_jsonl_numbered, text_lines
 from care.data.nano import config_files, read_rows
-from care.data.records import Pair, QueryCandidates, Text, native_id
-from care.data.sources import read_source
 
 # docs/nano.md s.2: the columns HAKARI looks at, in its order of preference.
 CORPUS_ID = ("_id", "id", "docid", "doc_id", "corpus-id", "corpus_id", "document_id")
@@ -125,7 +122,8 @@ class _Normaliser:
                 self.dropped["qrels"] += 1
 
 
-def _finish(name: str, queries: list, corpus: list, qrels: list, provenance: dict) -> SourceTask:
+def checked_task(name: str, queries: list, corpus: list, qrels: list, provenance: dict) -> SourceTask:
+    """The SourceTask, refused when no qrel is positive (selection picks queries by their positives)."""
     if not any(score > 0 for _, _, score in qrels):
         raise ValueError(f"task {name!r}: no qrel with score > 0 among {len(qrels)} qrels "
                          f"({provenance.get('path')}): a Nano split needs positives to select queries by")
@@ -178,10 +176,11 @@ def _read_beir(folder: Path, split: str | None, name: str) -> SourceTask:
     norm.corpus(_jsonl(folder / "corpus.jsonl"), corpus)
     norm.queries(_jsonl(folder / "queries.jsonl"), queries)
     _tsv_qrels(folder / "qrels" / f"{split}.tsv", norm, qrels)
-    return _finish(name, queries, corpus, qrels,
-                   {"description": f"BEIR folder {folder}, split {split}", "layout": "beir",
-                    "path": str(folder), "split": split, "qrels_file": f"qrels/{split}.tsv",
-                    "dropped_empty": norm.dropped})
+    return checked_task(
+        name, queries, corpus, qrels,
+        {"description": f"BEIR folder {folder}, split {split}", "layout": "beir",
+         "path": str(folder), "split": split, "qrels_file": f"qrels/{split}.tsv",
+         "dropped_empty": norm.dropped})
 
 
 # ---- parquet dataset folder ----------------------------------------------------------------------------
@@ -233,12 +232,13 @@ def _read_parquet(folder: Path, split: str | None, name: str) -> SourceTask:
                             f"missing (columns: {', '.join(row)})")
         has_score |= any(k in row for k in SCORE)
         norm.qrel(row[qcol], row[dcol], _score(row, folder / qrels_config, i + 1), qrels)
-    return _finish(name, queries, corpus, qrels,
-                   {"description": f"parquet dataset folder {folder}, split {split}", "layout": "parquet",
-                    "files_from": "README configs" if data.readme else "<config>/<split>*.parquet",
-                    "path": str(folder), "split": split, "qrels_config": qrels_config,
-                    "qrels_layout": "mteb (with score)" if has_score else "hakari (no score: every qrel 1.0)",
-                    "dropped_empty": norm.dropped})
+    return checked_task(
+        name, queries, corpus, qrels,
+        {"description": f"parquet dataset folder {folder}, split {split}", "layout": "parquet",
+         "files_from": "README configs" if data.readme else "<config>/<split>*.parquet",
+         "path": str(folder), "split": split, "qrels_config": qrels_config,
+         "qrels_layout": "mteb (with score)" if has_score else "hakari (no score: every qrel 1.0)",
+         "dropped_empty": norm.dropped})
 
 
 def read_task(path, split: str | None = None, name: str | None = None) -> SourceTask:
@@ -253,91 +253,3 @@ def read_task(path, split: str | None = None, name: str | None = None) -> Source
     if config_files(folder):
         return _read_parquet(folder, split, name)
     raise FileNotFoundError(f"{folder}: neither corpus.jsonl nor parquet configs found; {ACCEPTED}")
-
-
-# ---- the shared data's retrieval-shaped evaluation splits -----------------------------------------------
-
-def _read(data: dict, name: str, **overrides) -> tuple[list, dict[str, Text], dict]:
-    opts = {**data["sources"][name], **overrides}
-    records, report = read_source(name, opts, data["root"], data.get("on_error", "stop"))
-    texts: dict[str, Text] = {}
-    for r in records:
-        if isinstance(r, Text):
-            texts.setdefault(r.id, r)  # readers yield a shared text once per use; the first copy is its place
-    return records, texts, {"source": name, "reader": opts["reader"], "data_root": str(data["root"]),
-                            "path": opts["path"], "reader_filters": report.as_dict()["filters"]}
-
-
-def _role(texts: dict[str, Text], role: str) -> list[tuple[str, str]]:
-    return [(native_id(t.id), t.text) for t in texts.values() if t.role == role]
-
-
-def _candidate_task(name: str, records, texts: dict[str, Text], split: str, corpus: list, score,
-                    provenance: dict) -> SourceTask:
-    """QueryCandidates of one split -> queries in reader order and one qrel per judged candidate."""
-    queries, qrels = [], []
-    for qc in records:
-        if isinstance(qc, QueryCandidates) and qc.split == split:
-            qid = native_id(qc.query_id)
-            queries.append((qid, texts[qc.query_id].text))
-            qrels.extend((qid, native_id(d), float(score(label))) for d, label in qc.candidates)
-    return _finish(name, queries, corpus, qrels, {**provenance, "split": split, "layout": "shared data"})
-
-
-def _kuake_qtr(data: dict) -> SourceTask:
-    records, texts, prov = _read(data, "kuake_qtr")
-    queries, qrels = {}, []
-    for p in records:
-        if isinstance(p, Pair) and p.split == "dev":
-            qid = native_id(p.text1_id)
-            queries.setdefault(qid, texts[p.text1_id].text)
-            qrels.append((qid, native_id(p.text2_id), float(p.label)))
-    return _finish("kuake_qtr", list(queries.items()), _role(texts, "title"), qrels,
-                   {**prov, "split": "dev", "layout": "shared data",
-                    "description": "KUAKE-QTR dev queries against every KUAKE-QTR title, graded qrels 0-3",
-                    "queries": "dev queries in order of first appearance in the dev pairs",
-                    "corpus": "every KUAKE-QTR title (train + dev + test), reader order, each text once",
-                    "positive_rule": "score = label 0-3; label >= 1 is positive (score > 0)"})
-
-
-def _cmedir(data: dict) -> SourceTask:
-    records, texts, prov = _read(data, "cmedir")
-    return _candidate_task(
-        "cmedir", records, texts, "test", _role(texts, "title"), lambda label: label if label >= 2 else 0,
-        {**prov, "description": "cMedIR test queries against every cMedIR title, positive = label >= 2",
-         "corpus": "every cMedIR title (dev + test), reader order, one row per id (url)",
-         "positive_rule": "label >= 2 is positive with score = label; label 0-1 gets score 0 (non-positive), "
-                          "the project's cMedIR criterion (data_pipeline/benchmarks.py)"})
-
-
-def _cepilepsyqa(data: dict) -> SourceTask:
-    records, texts, prov = _read(data, "cepilepsyqa")
-    return _candidate_task(
-        "cepilepsyqa", records, texts, "test", _role(texts, "answer"), lambda label: label,
-        {**prov, "description": "cEpilepsyQA test questions against all its answers",
-         "corpus": "every cEpilepsyQA answer (answer.csv order)",
-         "positive_rule": "candidate label 1 is positive, 0 non-positive; repeated candidate rows collapsed "
-                          "by the reader (reader_filters.repeated_candidate)"})
-
-
-def _cmedqa2(data: dict) -> SourceTask:
-    test = {"test": data["sources"]["cmedqa2_pairs"]["files"]["test"]}
-    # As data_pipeline/benchmarks.py build_cmedqa2_retrieval: every answer of the test file is the corpus,
-    # the untrusted questions' answers included; the queries are the trusted questions only.
-    _, every, _ = _read(data, "cmedqa2_pairs", files=test, min_positives=0, max_positives=None)
-    records, texts, prov = _read(data, "cmedqa2_pairs", files=test)
-    return _candidate_task(
-        "cmedqa2", records, texts, "test", _role(every, "answer"), lambda label: label,
-        {**prov, "description": "ChineseBLUE cMedQA2 test, trusted questions, against every test answer",
-         "corpus": "every answer of the ChineseBLUE cMedQA2 test file (untrusted questions' answers "
-                           "included), one row per distinct answer text",
-         "queries": "the trusted test questions (min_positives..max_positives of the data config)",
-         "positive_rule": "candidate label 1 is positive, 0 non-positive"})
-
-
-def shared_tasks(data: dict) -> dict[str, SourceTask]:
-    """kuake_qtr, cmedir, cepilepsyqa, cmedqa2 from the resolved data config (conf/data/shared.yaml): the
-    evaluation splits the open CMedTEB stand-in uses (data_pipeline/benchmarks.py), so none of them is
-    trained on.  Ids are the sources' native ids (no `source:role:` prefix)."""
-    return {"kuake_qtr": _kuake_qtr(data), "cmedir": _cmedir(data), "cepilepsyqa": _cepilepsyqa(data),
-            "cmedqa2": _cmedqa2(data)}

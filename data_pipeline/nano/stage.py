@@ -1,13 +1,14 @@
-"""Stage `nano`: one Nano dataset, one split per retrieval task (docs/nano.md; conf/pipeline/nano.yaml).
+"""Stage `nano`: one Nano dataset, one split per retrieval task (docs/nano.md; conf/nano/default.yaml).
 
     python -m data_pipeline stage=nano                     the open splits from the shared data
     python -m data_pipeline stage=nano input=DIR out=OUT   any task folder (BEIR or mteb / HAKARI parquet);
                                                            without out=, ${data_dir}/nano/Nano<DIR's name>
 
-Per split: the selection (select.py), BM25 top-500 (bm25s robertson over HAKARI's jieba tokens), dense
-top-500 with the configured encoder through the embedding cache (the corpus is encoded shard by shard,
-each shard a cache chunk, so an interrupted build resumes where it stopped), reciprocal rank fusion with
-the safeguard, the audit (any failure stops the build) and the candidate-quality table.  With the open
+Per split: the selection (select.py), then (split.py) BM25 top-500 (bm25s robertson over HAKARI's jieba
+tokens), dense top-500 with the configured encoder through the embedding cache (the corpus is encoded
+shard by shard, each shard a cache chunk, so an interrupted build resumes where it stopped), reciprocal
+rank fusion with the safeguard, the audit (any failure stops the build) and the candidate-quality table.
+The splits come from an input= folder (sources.py) or the shared data (shared_data.py).  With the open
 splits, the build stage's training data is checked against every Nano query and (query, positive) pair
 with the leakage rule (data_pipeline/leakage.py).
 
@@ -23,20 +24,23 @@ import re
 import time
 from pathlib import Path
 
-import numpy as np
 from omegaconf import DictConfig, OmegaConf
-from tqdm.auto import tqdm
 
 from care.data.io import DataError, atomic_folder, read_jsonl, read_text_store, write_json
 from care.data.nano import METADATA
 from care.data.sources import source_files
 from care.data.stage_cache import claim_outputs, fingerprint, up_to_date
+from care.encoders.prompts import legacy_keyed
 from data_pipeline.nano import candidates, layout
 from data_pipeline.nano.select import Selection, select
-from data_pipeline.nano.sources import SourceTask, read_task, shared_tasks
+from data_pipeline.nano.shared_data import shared_tasks
+from data_pipeline.nano.sources import SourceTask, read_task
+from data_pipeline.nano.split import build_split
 
 HERE = Path(__file__).parent
-CODE = [*sorted(HERE.glob("*.py")), HERE.parent / "leakage.py", HERE.parents[1] / "care" / "retrieval" / "bm25.py"]
+# benchmarks.py: shared_data.py reads the default splits through its read_shared_source
+CODE = [*sorted(HERE.glob("*.py")), HERE.parent / "leakage.py", HERE.parent / "benchmarks.py",
+        HERE.parents[1] / "care" / "retrieval" / "bm25.py"]
 OUTPUTS = ("README.md", "reranking_hybrid_metadata.json", "corpus", "queries", "qrels", "metadata")
 SHARED_SOURCES = ("kuake_qtr", "cmedir", "cepilepsyqa", "cmedqa2_pairs")
 
@@ -44,41 +48,6 @@ SHARED_SOURCES = ("kuake_qtr", "cmedir", "cepilepsyqa", "cmedqa2_pairs")
 def dense_name(opts: dict, model: dict) -> str:
     """The dense list's config name: the model actually used (docs/nano.md s.6), as a slug."""
     return re.sub(r"[^A-Za-z0-9]+", "_", opts["dense"]["config_name"] or model["name"]).strip("_").lower()
-
-
-# ---- the candidate lists -----------------------------------------------------------------------------------
-
-def bm25_lists(sel: Selection, opts: dict) -> dict[str, list[str]]:
-    """BM25 top-k of each query over the split's corpus: HAKARI's tokens and formula (docs/nano.md s.5);
-    positives are not forced in."""
-    from care.retrieval.bm25 import BM25Scorer
-
-    b = opts["bm25"]
-    scorer = BM25Scorer(k1=b["k1"], b=b["b"], method=b["method"], tokenizer=b["tokenizer"])
-    doc_ids = list(sel.corpus)
-    idx, _ = scorer.prepare(list(sel.queries.values()), list(sel.corpus.values())).search(b["top_k"])["bm25"]
-    return {q: [doc_ids[i] for i in row if i >= 0] for q, row in zip(sel.queries, idx)}
-
-
-def dense_lists(sel: Selection, encoder, cache, opts: dict, split: str) -> dict[str, list[str]]:
-    """Cosine top-k of each query (docs/nano.md s.6), embeddings through the cache: the corpus in shards of
-    `shard_size` texts, each one cache chunk, so the progress bar's estimate is honest and a stopped build
-    loses at most one shard."""
-    from care.encoders.cache import embed
-    from care.retrieval.index import top_k, unit_rows
-
-    d = opts["dense"]
-    texts, doc_ids = list(sel.corpus.values()), list(sel.corpus)
-    shards = [texts[i:i + d["shard_size"]] for i in range(0, len(texts), d["shard_size"])]
-    parts = []
-    for shard in tqdm(shards, desc=f"nano/{split}: encode corpus", unit="shard"):
-        parts.append(embed(encoder, shard, "document", cache, d["batch_size"], show_progress=False,
-                           task="retrieval").dense)
-    docs = unit_rows(np.concatenate(parts))
-    queries = unit_rows(embed(encoder, list(sel.queries.values()), "query", cache, d["batch_size"],
-                              show_progress=False, task="retrieval").dense)
-    idx, _ = top_k(queries @ docs.T, d["top_k"])
-    return {q: [doc_ids[i] for i in row] for q, row in zip(sel.queries, idx)}
 
 
 # ---- the leakage check ---------------------------------------------------------------------------------------
@@ -115,44 +84,6 @@ def leakage_check(selections: dict[str, Selection], build_dir: Path, opts: dict)
                         f"e.g. {dict(shown)}. Add the split's source to build.eval_sets and rebuild.")
     return {"build_dir": str(build_dir), "training_examples": len(examples), "leaks": 0,
             "rule": "build.leakage (exact after normalisation + MinHash near duplicates), as queries and as texts"}
-
-
-# ---- one split ---------------------------------------------------------------------------------------------
-
-def build_split(task: SourceTask, sel: Selection, encoder, cache, opts: dict, dense: str, out: Path) -> dict:
-    start = time.perf_counter()
-    lists = {"bm25": bm25_lists(sel, opts)}
-    t_bm25 = time.perf_counter()
-    lists[dense] = dense_lists(sel, encoder, cache, opts, task.name)
-    t_dense = time.perf_counter()
-    h = opts["hybrid"]
-    hybrid, hybrid_meta = candidates.hybrid_lists(list(sel.queries), lists["bm25"], lists[dense], sel.qrels,
-                                                  sel.corpus, task.name, seed=opts["seed"], rrf_k=h["rrf_k"],
-                                                  top_k=h["top_k"])
-    candidates.audit(task.name, list(sel.queries), sel.corpus, sel.qrels, hybrid, top_k=h["top_k"])
-    lists["reranking_hybrid"] = hybrid
-    digests = layout.write_split(out, task.name, sel.queries, sel.corpus, sel.qrels, lists)
-    quality = {c: candidates.candidate_quality(lists[c], sel.qrels) for c in lists}
-    b = opts["bm25"]
-    tokenizer = {"resolved_tokenizer": b["tokenizer"], "resolved_tokenizer_name": b["language"],
-                 "auto_detected_language": None, "language_source": "configured (no detection: known zh)"}
-    meta = {"corpus_count": len(sel.corpus), "query_count": len(sel.queries),
-            "qrel_count": sum(len(v) for v in sel.qrels.values()),
-            "bm25": {**candidates.list_counts(lists["bm25"]), **tokenizer},
-            dense: candidates.list_counts(lists[dense]), "reranking_hybrid": hybrid_meta}
-    split_meta = {**sel.metadata, "source": task.provenance, "files_sha256": digests,
-                  "candidate_quality": {c: {k: v for k, v in q.items() if k != "per_query"} for c, q in quality.items()},
-                  "seconds": {"bm25": round(t_bm25 - start, 2), "dense": round(t_dense - t_bm25, 2),
-                              "total": round(time.perf_counter() - start, 2)}}
-    write_json(out / "metadata" / f"{task.name}.json", split_meta)
-    card = {"queries": len(sel.queries), "corpus": len(sel.corpus), "qrels": meta["qrel_count"],
-            "query_chars": layout.length_stats(sel.queries.values()),
-            "doc_chars": layout.length_stats(sel.corpus.values())}
-    counts = hybrid_meta
-    quality_row = {"tokenizer": f"{b['tokenizer']}@{b['language']}", "quality": quality,
-                   "candidates": f"{counts['candidate_count_min']}-{counts['candidate_count_max']}",
-                   "safeguards": counts["safeguard_positive_count"]}
-    return {"meta": meta, "card": card, "quality_row": quality_row, "metadata": split_meta}
 
 
 # ---- the stage -------------------------------------------------------------------------------------------
@@ -217,7 +148,8 @@ def run(cfg: DictConfig) -> dict:
     build_dir = Path(opts["leakage"]["build_dir"])
     leak_inputs = [build_dir / n for n in ("examples.jsonl", "texts.jsonl", "unlabelled_texts.jsonl")] if check else []
     fp = fingerprint([*files, *CODE, *leak_inputs],
-                     {"nano": opts, "source": source, "model": model, "weights": weights_digest(model["path"]),
+                     {"nano": opts, "source": source, "model": legacy_keyed(model),
+                      "weights": weights_digest(model["path"]),
                       "leakage": OmegaConf.to_container(cfg.build.leakage, resolve=True) if check else None})
     if not cfg.get("force", False) and (old := up_to_date(out, fp)):
         print(f"nano: {out} unchanged, skipped")

@@ -168,8 +168,6 @@ def write_st_files(folder: str | Path, model_cfg: dict) -> Path:
 def _write_router(folder: Path, model_cfg: dict) -> Path:
     from sentence_transformers.base.modules import Router
 
-    from care.encoders.registry import tower_prompts
-
     query, document = model_cfg["query"], model_cfg["document"]
     q_width = int(_hf_config(folder / "query")["hidden_size"])
     structure, types = {}, {}
@@ -183,5 +181,5 @@ def _write_router(folder: Path, model_cfg: dict) -> Path:
         "parameters": {"default_route": "document", "allow_empty_key": True, "route_mappings": {}}})
     _modules_json(folder, [("", Router)])
     # queries are unit vectors, documents a unit vector's prefix: CARE scores with the dot product
-    _model_config(folder, st_prompts(tower_prompts(model_cfg)), "dot")
+    _model_config(folder, st_prompts(Prompts.from_config(model_cfg)), "dot")
     return folder
