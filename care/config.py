@@ -61,23 +61,42 @@ def without_keys(config: dict, keys: Sequence[str]) -> dict:
     return c
 
 
-# Trainer keys newer than run folders already on disk, with the value that keeps the behaviour those runs had:
-# at that value a key is left out of a run's config hash (care/training/trainer.py run_hash) and of its recipe,
-# so a run begun before the key existed still resumes, is still recognised as finished, and groups with the
-# runs of its recipe recorded before the key existed.
-NEUTRAL_TRAINER = {"batching": "mixed", "rule_weights": None}
+# Keys newer than run folders already on disk, with the value that keeps the behaviour those runs had: at that
+# value a key is left out of a run's config hash (care.training.checkpoint.config_hash) and of its recipe, so a
+# run begun before the key existed still resumes, is still recognised as finished, and groups with the runs of
+# its recipe recorded before the key existed.  `*` stands for any one key (a CARE stage's name).
+NEUTRAL = {
+    "trainer.batching": "mixed", "trainer.rule_weights": None,
+    # the CARE stage-I study's options (care/training/care_recipe.py), in a stage's block and its loss
+    "model.stages.*.query_share": None, "model.stages.*.query_text_max_length": None,
+    "model.stages.*.document_text_max_length": None, "model.stages.*.heldout_texts": 0,
+    "model.stages.*.loss.score_distill_weight": 0.0, "model.stages.*.loss.score_distill_temperature": None,
+    "loss.score_distill_weight": 0.0, "loss.score_distill_temperature": None,
+    "model.*.build.pick": "first",
+}
 
 
-def neutral_trainer_keys(config) -> list[str]:
-    """The trainer keys of NEUTRAL_TRAINER that `config` (a dict or DictConfig) holds at their neutral value."""
-    trainer = config.get("trainer") or {}
-    return [f"trainer.{k}" for k, v in NEUTRAL_TRAINER.items() if k in trainer and trainer.get(k) == v]
+def neutral_keys(config) -> list[str]:
+    """The dotted keys of NEUTRAL that `config` (a dict or DictConfig) holds at their neutral value."""
+    found = []
+    for pattern, neutral in NEUTRAL.items():
+        nodes = [("", config)]
+        for part in pattern.split("."):
+            step = []
+            for path, node in nodes:
+                if not hasattr(node, "keys"):
+                    continue
+                for key in (list(node.keys()) if part == "*" else [part] if part in node else []):
+                    step.append((f"{path}.{key}" if path else str(key), node[key]))
+            nodes = step
+        found += [path for path, value in nodes if value == neutral and not hasattr(value, "keys")]
+    return found
 
 
 def recipe(config: dict, ignore: Sequence[str] = ("seed",)) -> dict:
     """A training config's recipe: without the run settings and without `ignore` (the seed, so that runs
     of one recipe over several seeds group together: evaluation's comparison, wandb's run groups)."""
-    return without_keys(config, (*RUN_SETTINGS, *ignore, *neutral_trainer_keys(config)))
+    return without_keys(config, (*RUN_SETTINGS, *ignore, *neutral_keys(config)))
 
 
 def recipe_group(config: dict, ignore: Sequence[str] = ("seed",)) -> str:

@@ -2,6 +2,7 @@
 mean ± sd over seeds and a paired-bootstrap gain over the seed-averaged per-query values."""
 from __future__ import annotations
 
+import copy
 import json
 
 import numpy as np
@@ -133,9 +134,17 @@ def test_one_model_scored_whole_and_cut_is_two_groups(tmp_path):
     assert [g["label"] for g in found] == ["scored_at_dim=-", "scored_at_dim=128"]
 
 
-def test_a_newer_trainer_key_at_its_neutral_value_keeps_the_recipe():
-    """Records written before trainer.batching existed group with new ones at batching=mixed (and a
-    non-neutral value is its own recipe), as a run's config hash treats them (care/training/trainer.py)."""
+def test_a_newer_key_at_its_neutral_value_keeps_the_recipe():
+    """Records written before trainer.batching (a CARE stage's heldout_texts) existed group with new ones at
+    batching=mixed (heldout_texts=0), and a non-neutral value is its own recipe, as a run's config hash treats
+    them (care.config.NEUTRAL, care.training.checkpoint.config_hash)."""
     old = {"seed": 0, "trainer": {"lr": 2e-5}}
     assert recipe_group(old) == recipe_group({**old, "trainer": {"lr": 2e-5, "batching": "mixed", "rule_weights": None}})
     assert recipe_group(old) != recipe_group({**old, "trainer": {"lr": 2e-5, "batching": "by_rule"}})
+    care = {"seed": 0, "model": {"stages": {"stage1": {"loss": {"temperature": 0.1}}}}}
+    with_key = copy.deepcopy(care)
+    with_key["model"]["stages"]["stage1"].update(heldout_texts=0, query_share=None)
+    with_key["model"]["stages"]["stage1"]["loss"]["score_distill_weight"] = 0.0
+    assert recipe_group(care) == recipe_group(with_key)
+    with_key["model"]["stages"]["stage1"]["heldout_texts"] = 500
+    assert recipe_group(care) != recipe_group(with_key)

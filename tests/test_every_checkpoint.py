@@ -36,7 +36,8 @@ def test_each_checkpoint_holds_a_model_folder_with_its_record(run):
 
 
 def test_evaluate_scores_every_checkpoint_and_plots_them(run, tmp_path):
-    from evaluate import checkpoint_models, evaluate
+    from care.evaluation.entries import checkpoint_models
+    from evaluate import evaluate
 
     root, out = run
     assert [n for n, _ in checkpoint_models(str(out), {})] == ["run/final", "run/tuned"]  # the merge's two

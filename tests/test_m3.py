@@ -184,7 +184,7 @@ def test_equal_loss_is_the_sum_of_flagembeddings_head_losses(texts):
     for head in HEADS:
         assert out[head].item() == pytest.approx(expected[head].item(), rel=1e-5)
     assert out["loss"].item() == pytest.approx(sum(expected.values()).item(), rel=1e-5)
-    assert loss.config()["weights"] == {"dense": 1.0, "sparse": 1.0, "colbert": 1.0, "ensemble": 0.0}
+    assert loss.weights == {"dense": 1.0, "sparse": 1.0, "colbert": 1.0, "ensemble": 0.0}
 
 
 def test_flagembedding_preset_equals_flagembeddings_loss(texts):

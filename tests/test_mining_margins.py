@@ -26,6 +26,7 @@ from omegaconf import OmegaConf
 
 from care.data.stage_cache import fingerprint
 from care.encoders import build_encoder
+from care.encoders.prompts import legacy_keyed
 from care.models.hub import weights_digest
 from data_pipeline import mining
 from data_pipeline.mining_window import rule_thresholds
@@ -317,7 +318,7 @@ def test_fingerprint_leaves_rules_that_are_off_out_and_marks_the_format(runs):
     build = Path(opts["input_dir"])
     inputs = [build / "examples.jsonl", build / "texts.jsonl", build / "leakage.json",
               Path(opts["dedup_clusters"])]
-    model = OmegaConf.to_container(cfg.model, resolve=True)
+    model = legacy_keyed(OmegaConf.to_container(cfg.model, resolve=True))  # as the stage hashes it
     config = {"mine": before, "window": window, "model": model, "weights": weights_digest(model["path"])}
     assert run["stats"]["fingerprint"] == fingerprint(inputs, {**config, "format": mining.FORMAT})
     assert run["stats"]["fingerprint"] != fingerprint(inputs, config)  # what the stage wrote before: mined again

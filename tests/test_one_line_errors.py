@@ -14,6 +14,7 @@ import evaluate
 from care.config import load_config
 from care.data.io import DataError
 from care.errors import app_errors
+from care.evaluation import entries
 
 
 @pytest.fixture(autouse=True)
@@ -169,7 +170,7 @@ def test_the_build_hint_stays_for_the_projects_own_folder(tmp_path):
     advice there."""
     cfg = OmegaConf.to_container(load_config("evaluate", [f"cache_root={tmp_path}"]), resolve=True)
     with pytest.raises(FileNotFoundError, match="make model"):
-        evaluate.check_model_folders([{"name": "me5_small", "model": cfg["model"]}], cfg)
+        entries.check_model_folders([{"name": "me5_small", "model": cfg["model"]}], cfg)
 
 
 def test_bugs_keep_their_traceback():

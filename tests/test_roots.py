@@ -10,8 +10,8 @@ from hydra import compose, initialize_config_dir
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import OmegaConf, open_dict
 
-import evaluate
 from care.config import CONF_DIR, load_config
+from care.evaluation import entries
 from care.paths import PROJECT_ROOT, cache_dir, outputs_dir
 
 MODELS = sorted(p.stem for p in (CONF_DIR / "model").glob("*.yaml"))
@@ -83,7 +83,7 @@ def test_baselines_resolve_under_the_run_roots(tmp_path, default_roots):
     """evaluate.py's baseline rows compose conf/model/<name>.yaml under the run's roots (not the defaults)."""
     cfg = OmegaConf.to_container(load_config("evaluate", [f"cache_root={tmp_path}", "model=tiny_bert",
                                                           "baselines=[bm25,me5_small]"]), resolve=True)
-    rows = {e["name"]: e for e in evaluate.model_entries(cfg)}
+    rows = {e["name"]: e for e in entries.model_entries(cfg)}
     assert Path(rows["me5_small"]["model"]["path"]) == tmp_path / "models" / "multilingual-e5-small-q4"
     assert Path(rows["tiny_bert"]["model"]["path"]) == tmp_path / "models" / "tiny-bert"
 

@@ -19,7 +19,7 @@ from care.training import trainer as trainer_mod
 from care.training.checkpoint import config_hash
 from care.training.data import TrainingGroups, collate_groups
 from care.training.samplers import EpochSampler, RuleBatchSampler, build_sampler
-from care.training.trainer import Trainer, run_hash
+from care.training.trainer import Trainer
 
 # 4 rules of uneven sizes; with a global batch of 4: full batches a 9, b 5, c 2, d 0 (T = 16 an epoch)
 RULES = ["a"] * 37 + ["b"] * 20 + ["c"] * 9 + ["d"] * 3
@@ -250,10 +250,10 @@ def test_mixed_is_todays_order_and_keeps_todays_hash(ruled):
     old = copy.deepcopy(cfg)
     with open_dict(old):
         del old.trainer["batching"], old.trainer["rule_weights"]
-    assert run_hash(cfg) == trainer.hash == config_hash(old)
+    assert config_hash(cfg) == trainer.hash == config_hash(old)
     by_rule = train_config(root, texts, train, "mixed", "trainer.batch_size=8", "trainer.batching=by_rule")
-    assert run_hash(by_rule) != run_hash(cfg)
-    assert "batching" in cfg.trainer  # run_hash left the config itself alone
+    assert config_hash(by_rule) != config_hash(cfg)
+    assert "batching" in cfg.trainer  # config_hash left the config itself alone
 
 
 def test_bad_settings_are_refused_in_one_line(ruled, tmp_path, shared, monkeypatch):

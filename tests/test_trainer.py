@@ -77,7 +77,9 @@ def test_merge_with_start_writes_the_merged_final_and_keeps_the_tuned_weights(tm
     # paths inside a run are relative to it; the start is provenance, named without the local path
     assert info["merge"] == {"weight": 0.25, "start": "tiny-m3", "tuned": "../tuned"}
     assert json.loads((run / "tuned" / "care_training.json").read_text(encoding="utf-8"))["merge"] is None
-    from evaluate import checkpoint_models  # ckpt=<run> scores the merged and the tuned model side by side
+    from care.evaluation.entries import (
+        checkpoint_models,  # ckpt=<run> scores the merged and the tuned model side by side
+    )
 
     assert [name for name, _ in checkpoint_models(str(run), {})] == ["run/final", "run/tuned"]
 

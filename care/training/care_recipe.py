@@ -48,8 +48,8 @@ from care.training.data import require_training_files
 from care.training.trainer import Trainer
 from care.training.validation import AlignmentLog
 
-# The M3 recipe's knobs that mean nothing for two towers: neutral in every CARE stage.
-NEUTRAL = {"merge_with_start": None, "query_side_pools": []}
+# The M3 recipe's knobs that mean nothing for two towers: set so in every CARE stage.
+M3_ONLY_TRAINER = {"merge_with_start": None, "query_side_pools": []}
 # a text's kind from its id's role (text_kind)
 QUERY_ROLES, DOCUMENT_ROLES = frozenset({"question", "query", "sentence"}), frozenset({"answer", "title", "document"})
 HELDOUT_STREAM, MIX_STREAM = 1, 2  # numpy seed tags (seed, tag): the two draws never share a stream
@@ -168,7 +168,7 @@ def stage_config(cfg: DictConfig, stage: str, run_dir: Path) -> DictConfig:
     c = OmegaConf.create(OmegaConf.to_container(cfg, resolve=True))
     spec = c.model.stages[stage]
     with open_dict(c):
-        c.trainer = OmegaConf.merge(c.trainer, NEUTRAL, spec.get("trainer") or {})
+        c.trainer = OmegaConf.merge(c.trainer, M3_ONLY_TRAINER, spec.get("trainer") or {})
         c.loss = spec.loss
         c.model.current_stage = stage
         c.model.stages = {stage: spec}  # a stage's config (and hash) never depends on another stage's settings
@@ -204,29 +204,7 @@ def stage_config(cfg: DictConfig, stage: str, run_dir: Path) -> DictConfig:
                     f"(model.stage=stage1, or model.stage=all) or name one with model.stages.stage2.query_from=PATH")
             c.model.query.path = str(start)
             c.model.query.pop("build", None)
-        drop_neutral(c)
     return c
-
-
-# Recipe keys newer than run folders on disk (the stage-I study's), with the value that keeps the behaviour
-# those runs had: at that value a key is left out of the stage's config, so its hash
-# (care.training.checkpoint.config_hash) is the one it had before the key existed and such a run still
-# resumes and is still recognised as finished (as care.config.NEUTRAL_TRAINER does for the trainer's keys).
-NEUTRAL_WHEN = {"stage": {"query_share": None, "query_text_max_length": None, "document_text_max_length": None,
-                          "heldout_texts": 0},
-                "loss": {"score_distill_weight": 0.0, "score_distill_temperature": None},
-                "build": {"pick": "first"}}
-
-
-def drop_neutral(c: DictConfig) -> None:
-    """Leave the keys of NEUTRAL_WHEN at their neutral value out of a stage's config `c` (open_dict'd)."""
-    stage = c.model.stages[c.model.current_stage]
-    nodes = [("stage", stage), ("loss", stage.get("loss")), ("loss", c.get("loss")),
-             *(("build", c.model[side].get("build")) for side in ("query", "document"))]
-    for kind, node in nodes:
-        for key, neutral in NEUTRAL_WHEN[kind].items():
-            if node is not None and key in node and node[key] == neutral:
-                node.pop(key)
 
 
 def run_care(cfg: DictConfig) -> dict:

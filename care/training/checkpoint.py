@@ -38,7 +38,7 @@ import torch
 from accelerate.utils import broadcast_object_list, gather_object
 from omegaconf import DictConfig, OmegaConf
 
-from care.config import RUN_SETTINGS, without_keys
+from care.config import RUN_SETTINGS, neutral_keys, without_keys
 from care.data.io import atomic_folder, file_digest
 from care.encoders.prompts import legacy_keyed
 from care.encoders.registry import CHECKPOINT_MODEL, TRAINING_RECORD
@@ -70,9 +70,11 @@ class AlreadyFinished(ResumeError):
 
 
 def config_hash(cfg: DictConfig) -> str:
-    """What determines the trained weights: the resolved config without RESUME_SAFE keys, plus the content
-    of the training files and the starting weights (not their paths, which may move)."""
-    c = without_keys(OmegaConf.to_container(cfg, resolve=True), RESUME_SAFE)
+    """What determines the trained weights: the resolved config without RESUME_SAFE keys (and without the keys
+    of care.config.NEUTRAL at their neutral value), plus the content of the training files and the starting
+    weights (not their paths, which may move)."""
+    resolved = OmegaConf.to_container(cfg, resolve=True)
+    c = without_keys(resolved, (*RESUME_SAFE, *neutral_keys(resolved)))  # newer keys at their old behaviour
     c["model"] = legacy_keyed(c["model"])  # a run trained before `prompts:` was named keeps its hash
     c["data_digest"] = [file_digest(cfg.data.texts), file_digest(cfg.data.examples)]
     paths = [cfg.model[side].path for side in ("query", "document")] if "query" in cfg.model else [cfg.model.path]

@@ -113,9 +113,6 @@ class TeacherDistillation:
     def on(self) -> bool:
         return self.weight > 0
 
-    def config(self) -> dict:
-        return {"teacher_weight": self.weight, "teacher_temperature": self.temperature, "kd_loss_type": self.kind}
-
     def check(self, teacher_scores: torch.Tensor | None, n_queries: int, group_size: int) -> None:
         if teacher_scores is None:
             raise ValueError(f"teacher_weight={self.weight} but the batch carries no teacher scores: the training "
@@ -155,9 +152,6 @@ class ScoreDistillation:
     @property
     def on(self) -> bool:
         return self.weight > 0
-
-    def config(self) -> dict:
-        return {"score_distill_weight": self.weight, "score_distill_temperature": self.temperature}
 
     def __call__(self, q: torch.Tensor, p: torch.Tensor, group_size: int) -> torch.Tensor:
         """q: (queries, d) query vectors; p: (queries x group_size, d) the pool, in the pool layout."""
@@ -199,9 +193,6 @@ class Matryoshka:
 
     def __bool__(self) -> bool:
         return bool(self.dims)
-
-    def config(self) -> dict:
-        return {"matryoshka_dims": self.dims, "matryoshka_weights": self.weights}
 
     def check_width(self, width: int, where: str = "loss") -> None:
         """Refuse a width the model's vectors (`width`-d) do not leave a shorter prefix of."""

@@ -95,12 +95,6 @@ class M3Loss(nn.Module):
             raise ValueError(f"matryoshka_dims={self.matryoshka.dims} are prefixes of the dense head, whose "
                              f"loss weight is 0: set weights.dense > 0 or matryoshka_dims=[]")
 
-    def config(self) -> dict:
-        return {"class": type(self).__name__, "temperature": self.temperature, "weights": self.weights,
-                "ensemble_mix": self.ensemble_mix, "self_distill": self.self_distill,
-                "distill_weights": self.distill_weights, "group_size": self.group_size,
-                **self.matryoshka.config(), **self.teacher.config(), "teacher_heads": self.teacher_heads}
-
     @property
     def distils_teacher(self) -> bool:
         """Whether forward needs teacher scores (the trainer then requires them in the training file)."""
@@ -183,11 +177,6 @@ class AsymmetricLoss(nn.Module):
         self.teacher = TeacherDistillation(teacher_weight, teacher_temperature, kd_loss_type, group_size)
         self.score_distill = ScoreDistillation(
             score_distill_weight, self.temperature if score_distill_temperature is None else score_distill_temperature)
-
-    def config(self) -> dict:
-        return {"class": type(self).__name__, "temperature": self.temperature, "mse_weight": self.mse_weight,
-                "group_size": self.group_size, **self.matryoshka.config(), **self.teacher.config(),
-                **self.score_distill.config()}
 
     @property
     def distils_teacher(self) -> bool:

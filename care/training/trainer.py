@@ -17,7 +17,6 @@ best/ and final/) in care.training.model_saving, the log and curves in care.trai
 """
 from __future__ import annotations
 
-import copy
 import math
 import time
 import warnings
@@ -28,12 +27,11 @@ import torch
 from accelerate import Accelerator
 from accelerate.utils import broadcast_object_list, set_seed
 from hydra.utils import instantiate
-from omegaconf import DictConfig, open_dict
+from omegaconf import DictConfig
 from torch.utils.data import DataLoader
 from tqdm.auto import tqdm
 from transformers import get_cosine_schedule_with_warmup
 
-from care.config import neutral_trainer_keys
 from care.runlock import FORCE_KEY, lock_run_folder, release_lock_after, release_lock_on_error
 from care.training.checkpoint import AlreadyFinished, ResumeError, RunFolder, config_hash
 from care.training.data import TrainingGroups, collate_groups, require_training_files
@@ -46,18 +44,6 @@ from care.training.samplers import build_sampler
 from care.training.validation import EarlyStopping, Validator
 
 __all__ = ["AlreadyFinished", "ResumeError", "Trainer"]
-
-
-def run_hash(cfg: DictConfig) -> str:
-    """config_hash of `cfg` without the trainer keys of care.config.NEUTRAL_TRAINER at their neutral value."""
-    neutral = neutral_trainer_keys(cfg)
-    if not neutral:
-        return config_hash(cfg)
-    c = copy.deepcopy(cfg)
-    with open_dict(c):
-        for k in neutral:
-            c.trainer.pop(k.split(".", 1)[1])
-    return config_hash(c)
 
 
 def build_loss(loss_cfg: DictConfig, group_size: int):
@@ -85,7 +71,7 @@ class Trainer:
                                        log_with=None if wandb_mode(cfg) == "disabled" else "wandb")
         acc = self.accelerator
         require_training_files(cfg.data.texts, cfg.data.examples)  # before hashing them: say what writes them
-        self.hash = run_hash(cfg)
+        self.hash = config_hash(cfg)
         self.folder = RunFolder(self.out, self.hash, acc)
         self.run_lock = lock_run_folder(self.out, "training", acc, force=cfg.get(FORCE_KEY, False))
         self.folder.check(cfg.overwrite)
