@@ -9,7 +9,7 @@ export TOKENIZERS_PARALLELISM := false
 export PYTHONUNBUFFERED := 1
 
 .PHONY: setup model run test test-slow bench bench-scale lint clean data evaluate train nano ablation ablation-long \
-	ablation-signals
+	ablation-signals care-study
 
 # Idempotent: the stamp is newer than pyproject.toml when nothing changed, and the step is skipped.
 setup: .venv/.stamp
@@ -100,6 +100,10 @@ ablation-long: model
 # then the Matryoshka row.  Every step skips what is done (hours on 2 cores: docs/training_signals.md).
 SIGNALS := inbatch question document margin distill posfilter
 comma := ,
+define newline
+
+
+endef
 empty :=
 space := $(empty) $(empty)
 SIGNALS_RUNS := $(foreach a,$(SIGNALS),$(foreach s,0 1 2,signals-$(a)-s$(s)))
@@ -137,6 +141,33 @@ ablation-signals: model
 	done; done
 	$(PY) -m care.evaluation.compare $(foreach r,$(notdir $(TRAIN_RUN)) $(MRL_RUN),$(foreach d,384 128,outputs/eval/signals-$(r)-$(d))) \
 		--a 4 --b 2 --out outputs/compare/signals-matryoshka  # at 128-d: Matryoshka-trained over plain, both cut
+
+# The CARE stage-I study (docs/care.md, "The stage-I study"): each arm one change from care_me5's stage I,
+# screened once at 100 steps and chosen on the selection set, never on the benchmark: cEpilepsyQA dev (200
+# queries, kept out of training by the build stage) and a held-out alignment slice (500 texts kept out of
+# stage I).  CARE_STUDY_SEEDS adds seeds to the arms that decide (e.g. make care-study CARE_STUDY_SEEDS=1
+# CARE_STUDY_ARMS="base lr3e-4").  Each finished run is skipped on a re-run; the table: outputs/compare/care_study.
+CARE_STUDY := model=care_me5 model.stage=stage1 model.stages.stage1.trainer.max_steps=100 \
+	model.stages.stage1.heldout_texts=500 validation.max_queries=200 validation.every_steps=100
+STUDY_ARM_base :=
+STUDY_ARM_spread := model.query.build.pick=spread 'model.query.build.out=$${cache_root}/models/multilingual-e5-small-4layers-spread'
+STUDY_ARM_lr3e-4 := model.stages.stage1.trainer.lr=3e-4
+STUDY_ARM_lr1e-3 := model.stages.stage1.trainer.lr=1e-3
+STUDY_ARM_warmup0.2 := model.stages.stage1.trainer.warmup_ratio=0.2
+STUDY_ARM_qshare0.35 := model.stages.stage1.query_share=0.35
+STUDY_ARM_qshare0.9 := model.stages.stage1.query_share=0.9
+STUDY_ARM_doclen128 := model.stages.stage1.document_text_max_length=128
+STUDY_ARM_sdist1 := model.stages.stage1.loss.score_distill_weight=1.0
+STUDY_ARM_nomse := model.stages.stage1.loss.mse_weight=0.0
+STUDY_ARM_texts0 := 'model.stages.stage1.extra_texts=[]'
+STUDY_ARM_texts60k := model.stages.stage1.extra_texts_max=60000
+CARE_STUDY_ARMS ?= base spread lr3e-4 lr1e-3 warmup0.2 qshare0.35 qshare0.9 doclen128 sdist1 nomse texts0 texts60k
+CARE_STUDY_SEEDS ?= 0
+care-study: model
+	$(PY) -m data_pipeline stage=training
+	$(foreach s,$(CARE_STUDY_SEEDS),$(foreach a,$(CARE_STUDY_ARMS),$(PY) train.py $(CARE_STUDY) $(STUDY_ARM_$(a)) \
+		seed=$(s) run_name=care_study-$(a)-s$(s) || exit 1;$(newline)))
+	$(PY) -m care.training.study outputs/train/care_study-* --out outputs/compare/care_study
 
 # The search stages at 226,000 texts and a cost model to 1M / 10M (README "Scale"); minutes, not part of
 # `make bench`.  Needs the import stage's text store (built here when missing).
