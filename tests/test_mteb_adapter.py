@@ -301,7 +301,6 @@ def test_cli_in_a_fresh_interpreter_writes_nothing_under_home(files, spread_bert
         assert got[f"cmedteb.{key}"] == pytest.approx(theirs[key][score], abs=1e-5)  # 6 decimals on disk
 
 
-
 def test_cli_says_the_hub_is_unreachable_offline(spread_bert, monkeypatch):
     from care.evaluation.mteb_adapter import main
 
@@ -313,3 +312,14 @@ def test_cli_says_the_hub_is_unreachable_offline(spread_bert, monkeypatch):
         main(["model=tiny_bert"])
     with pytest.raises(KeyError, match="not found"):
         main(["model=tiny_bert", f"model.path={spread_bert}", "tasks=NoSuchTask"])
+
+
+def test_cli_help_prints_the_command_lines(capsys):
+    from care.evaluation.mteb_adapter import main
+
+    for argv in (["--help"], ["-h"], [], ["model=tiny_bert", "--help"]):
+        assert main(argv) == {}
+        out = capsys.readouterr().out
+        assert "python -m care.evaluation.mteb_adapter model=" in out and "results=<dir>" in out
+    with pytest.raises(ValueError, match="argument 'oops': expected key=value"):
+        main(["model=tiny_bert", "oops"])

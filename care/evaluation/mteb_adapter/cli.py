@@ -108,6 +108,9 @@ def main(argv: Sequence[str]) -> dict:
     Every other key=value (or ~key) is an evaluate override (benchmark.tasks.<key>.path=..., max_length=...,
     batch_size=...); the extra_benchmark runs only when an override names it (benchmark@extra_benchmark=...).
     Returns compare()'s rows (run_mteb's {split: scores} for nano=)."""
+    if not argv or any(a in ("-h", "--help") for a in argv):
+        print(__doc__)  # the command lines and every option, as --help does for the other command lines
+        return {}
     own = {"nano": None, "splits": None, "reranking": "false", "source": "memory", "tasks": None, "keys": None,
            "cache": "false", "results": None, "name": None, "license": None, "training_datasets": None}
     overrides = []
