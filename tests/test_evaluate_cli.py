@@ -110,7 +110,7 @@ def test_ckpt_folder_scores_each_checkpoint_side_by_side(task_paths, tiny_bert_d
 
 
 def test_a_folder_that_is_not_a_model_is_refused(task_paths, tmp_path):
-    from evaluate import checkpoint_models
+    from care.evaluation.entries import checkpoint_models
 
     resume = tmp_path / "step-0000010"
     resume.mkdir()
