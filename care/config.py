@@ -94,9 +94,17 @@ def neutral_keys(config) -> list[str]:
 
 
 def recipe(config: dict, ignore: Sequence[str] = ("seed",)) -> dict:
-    """A training config's recipe: without the run settings and without `ignore` (the seed, so that runs
-    of one recipe over several seeds group together: evaluation's comparison, wandb's run groups)."""
-    return without_keys(config, (*RUN_SETTINGS, *ignore, *neutral_keys(config)))
+    """A training config's recipe: without the run settings, the keys of NEUTRAL at their neutral value and
+    `ignore` (the seed, so that runs of one recipe over several seeds group together: evaluation's comparison,
+    wandb's run groups), its model's prompts under the keys they had before `prompts:` was named
+    (care.encoders.prompts.legacy_keyed).  What a run's config hash covers (care.training.checkpoint), so
+    configs and records from before a key was added or renamed keep their hash and their group."""
+    from care.encoders.prompts import legacy_keyed  # here: care.config is imported by light command lines
+
+    c = without_keys(config, (*RUN_SETTINGS, *ignore, *neutral_keys(config)))
+    if isinstance(c.get("model"), Mapping):
+        c["model"] = legacy_keyed(c["model"])
+    return c
 
 
 def recipe_group(config: dict, ignore: Sequence[str] = ("seed",)) -> str:

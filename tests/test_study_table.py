@@ -27,9 +27,9 @@ def test_arms_average_their_seeds_best_first(tmp_path):
     a0 = write_run(tmp_path / "study-lr3e-4-s0", (0.30, 0.41), align=(0.80, 0.50))
     a1 = write_run(tmp_path / "study-lr3e-4-s1", (0.30, 0.45), align=(0.84, 0.60))
     b0 = write_run(tmp_path / "study-base-s0", (0.30, 0.42), steps=5)
-    rows = [run_row(f, "stage1") for f in (a0, a1, b0)]
-    assert rows[0]["arm"] == "study-lr3e-4" and rows[0]["seed"] == 0 and rows[0]["start"] == 0.30
-    assert rows[2]["steps"] == 5 and rows[2]["train_seconds"] == 10.0
+    rows = [run_row(f, "stage1") for f in (b0, a0, a1)]  # the worse arm first: the table sorts them
+    assert rows[1]["arm"] == "study-lr3e-4" and rows[1]["seed"] == 0 and rows[1]["start"] == 0.30
+    assert rows[0]["steps"] == 5 and rows[0]["train_seconds"] == 10.0
     entries = arms(rows)
     assert [e["arm"] for e in entries] == ["study-lr3e-4", "study-base"]  # mean 0.43 before 0.42
     lr = entries[0]

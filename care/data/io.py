@@ -130,6 +130,14 @@ def read_jsonl(path: str | Path, required: Iterable[str] = ()) -> Iterator[dict]
         yield row
 
 
+def validation_metric(row: dict) -> str | None:
+    """In a row of a training run's metrics.jsonl (care/training/runlog.py), the key of the validation task's
+    metric (val/<metric>), None in other rows: the trainer logs it beside val/best and val/seconds, and the
+    held-out alignment slice logs val/align_* in rows of their own."""
+    return next((k for k in row if k.startswith("val/") and k not in ("val/best", "val/seconds")
+                 and not k.startswith("val/align")), None)
+
+
 def text_lines(path: str | Path) -> Iterator[tuple[int, str]]:
     """Yield (line number, decoded line) per non-blank line of a UTF-8 file; a missing file or a line that
     is not UTF-8 is an error naming it."""

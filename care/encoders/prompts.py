@@ -104,4 +104,3 @@ class Prompts:
         if "{text}" in prompt:
             return [prompt.replace("{text}", t) for t in texts]
         return [prompt + t for t in texts]
-

@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from care.data.io import atomic_open, save_figure, write_json
+from care.data.io import atomic_open, read_jsonl, save_figure, validation_metric, write_json
 from care.evaluation.benchmarks import Benchmark, average_groups
 
 METRIC_LABELS = {"ndcg_cut": "nDCG@{}", "map_cut": "MAP@{}", "map_min_r": "MAP(min R)@{}", "mrr": "MRR@{}",
@@ -172,8 +172,6 @@ def plot_steps(path: Path, benchmarks: list[Benchmark], rows: list[dict], metric
     steps = sorted((int(m.group(1)), r) for r in rows if (m := STEP.search(r["name"])))
     if len(steps) < 2:
         return None
-    import json
-
     import matplotlib
 
     matplotlib.use("Agg")
@@ -187,9 +185,8 @@ def plot_steps(path: Path, benchmarks: list[Benchmark], rows: list[dict], metric
                 linewidth=2.5 if c["key"].endswith("/avg") else 1.2)
     ax.set_xlabel("training step")
     ax.set_ylabel("score (0-100)")
-    val = [json.loads(line) for line in metrics_file.read_text(encoding="utf-8").splitlines()] \
-        if metrics_file.is_file() else []
-    val = [(r["step"], v) for r in val for k, v in r.items() if k.startswith("val/") and k not in ("val/best", "val/seconds")]
+    rows_logged = list(read_jsonl(metrics_file)) if metrics_file.is_file() else []
+    val = [(r["step"], r[k]) for r in rows_logged if (k := validation_metric(r))]
     if val:
         twin = ax.twinx()
         twin.plot([s for s, _ in val], [100 * v for _, v in val], color="0.3", linestyle="--", label="validation")

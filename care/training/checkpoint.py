@@ -38,14 +38,11 @@ import torch
 from accelerate.utils import broadcast_object_list, gather_object
 from omegaconf import DictConfig, OmegaConf
 
-from care.config import RUN_SETTINGS, neutral_keys, without_keys
+from care.config import recipe
 from care.data.io import atomic_folder, file_digest
-from care.encoders.prompts import legacy_keyed
 from care.encoders.registry import CHECKPOINT_MODEL, TRAINING_RECORD
 from care.models.hub import weights_digest
 
-# Settings that do not change the trained weights: a run may resume with other values for these.
-RESUME_SAFE = RUN_SETTINGS
 # What a run folder holds besides its checkpoints (overwrite=true removes all of it).
 RUN_OUTPUTS = ("checkpoints", "best", "tuned", "final", "metrics.jsonl", "curves.png")
 MANIFEST = "manifest.json"
@@ -70,12 +67,11 @@ class AlreadyFinished(ResumeError):
 
 
 def config_hash(cfg: DictConfig) -> str:
-    """What determines the trained weights: the resolved config without RESUME_SAFE keys (and without the keys
-    of care.config.NEUTRAL at their neutral value), plus the content of the training files and the starting
-    weights (not their paths, which may move)."""
-    resolved = OmegaConf.to_container(cfg, resolve=True)
-    c = without_keys(resolved, (*RESUME_SAFE, *neutral_keys(resolved)))  # newer keys at their old behaviour
-    c["model"] = legacy_keyed(c["model"])  # a run trained before `prompts:` was named keeps its hash
+    """What determines the trained weights: the config's recipe with its seed (care.config.recipe: without the
+    run settings a run may resume with other values of, newer keys at their neutral value left out, prompts
+    under their older keys), plus the content of the training files and the starting weights (not their paths,
+    which may move)."""
+    c = recipe(OmegaConf.to_container(cfg, resolve=True), ignore=())
     c["data_digest"] = [file_digest(cfg.data.texts), file_digest(cfg.data.examples)]
     paths = [cfg.model[side].path for side in ("query", "document")] if "query" in cfg.model else [cfg.model.path]
     c["start_weights"] = [weights_digest(p) for p in paths] if len(paths) > 1 else weights_digest(paths[0])

@@ -18,7 +18,7 @@ import statistics
 import time
 from pathlib import Path
 
-from care.data.io import atomic_open, read_jsonl, write_json
+from care.data.io import atomic_open, read_jsonl, validation_metric, write_json
 from care.errors import app_errors
 
 SEED_SUFFIX = re.compile(r"-s(\d+)$")
@@ -31,13 +31,11 @@ def run_row(folder: Path, stage: str) -> dict:
     if not log.is_file():
         raise FileNotFoundError(f"{folder}: no metrics.jsonl (nor {stage}/metrics.jsonl): not a training run folder")
     rows = list(read_jsonl(log))
-    validations = [r for r in rows if any(k.startswith("val/") and k not in ("val/best", "val/seconds")
-                                          and not k.startswith("val/align") for k in r)]
+    validations = [r for r in rows if validation_metric(r)]
     if not validations:
         raise ValueError(f"{log}: no validation row; a study needs validation (validation.task)")
-    metric = next(k for k in validations[-1] if k.startswith("val/") and k not in ("val/best", "val/seconds")
-                  and not k.startswith("val/align"))
     last = validations[-1]
+    metric = validation_metric(last)
     aligned = [r for r in rows if ALIGNMENT[0] in r]
     match = SEED_SUFFIX.search(folder.name)
     return {"run": folder.name, "arm": SEED_SUFFIX.sub("", folder.name), "seed": int(match.group(1)) if match else None,
