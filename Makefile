@@ -79,8 +79,8 @@ ablation: model
 		test -f outputs/eval/hn_ablation-g$$g-s$$s/summary.json || \
 		$(PY) evaluate.py ckpt=outputs/train/hn_ablation-g$$g-s$$s/final $(ABLATION_EVAL) run_name=hn_ablation-g$$g-s$$s || exit 1; \
 	done; done
-	$(PY) -m care.evaluation.compare outputs/eval/hn_ablation-* --a group_size=4 --b group_size=1 --out outputs/compare/hn_ablation
-	$(PY) -m care.evaluation.compare outputs/eval/hn_ablation-* --a group_size=2 --b group_size=1 --out outputs/compare/hn_ablation_1neg
+	$(PY) -m care.evaluation.compare outputs/eval/hn_ablation-* --out outputs/compare/hn_ablation \
+		--a group_size=4 --b group_size=1 --a group_size=2 --b group_size=1
 
 # The ablation's longer regime: the same recipe for 60 steps, in-batch vs 3 mined hard negatives, 3 seeds.
 ablation-long: model
@@ -126,13 +126,11 @@ ablation-signals: model
 		test -f outputs/eval/$$run/summary.json || \
 		$(PY) evaluate.py ckpt=outputs/train/$$run/final $(ABLATION_EVAL) run_name=$$run || exit 1; \
 	done
-	@# groups in the order given: 1 in-batch, 2 question, 3 document, 4 margin, 5 distill, 6 posfilter, 7 zero-shot
-	$(PY) -m care.evaluation.compare $(SIGNALS_EVALS) outputs/eval/signals-zeroshot --a 1 --b 7 --out outputs/compare/signals-inbatch
-	$(PY) -m care.evaluation.compare $(SIGNALS_EVALS) --a 2 --b 1 --out outputs/compare/signals-question
-	$(PY) -m care.evaluation.compare $(SIGNALS_EVALS) --a 3 --b 2 --out outputs/compare/signals-document
-	$(PY) -m care.evaluation.compare $(SIGNALS_EVALS) --a 4 --b 3 --out outputs/compare/signals-margin
-	$(PY) -m care.evaluation.compare $(SIGNALS_EVALS) --a 5 --b 4 --out outputs/compare/signals-distill
-	$(PY) -m care.evaluation.compare $(SIGNALS_EVALS) --a 6 --b 3 --out outputs/compare/signals-posfilter
+	@# groups in the order given: 1 in-batch, 2 question, 3 document, 4 margin, 5 distill, 6 posfilter, 7 zero-shot;
+	@# one gain row per arm over the arm it changes
+	$(PY) -m care.evaluation.compare $(SIGNALS_EVALS) outputs/eval/signals-zeroshot --out outputs/compare/signals \
+		--a 1 --b 7 --a 2 --b 1 --a 3 --b 2 --a 4 --b 3 --a 5 --b 4 --a 6 --b 3
+	mkdir -p docs/results && cp outputs/compare/signals/compare.json docs/results/training_signals.json
 	$(PY) train.py run_name=$(MRL_RUN) 'loss.matryoshka_dims=[256,128,64]'
 	for run in $(notdir $(TRAIN_RUN)) $(MRL_RUN); do for d in 384 128; do \
 		test -f outputs/eval/signals-$$run-$$d/summary.json || \
@@ -140,7 +138,8 @@ ablation-signals: model
 			run_name=signals-$$run-$$d || exit 1; \
 	done; done
 	$(PY) -m care.evaluation.compare $(foreach r,$(notdir $(TRAIN_RUN)) $(MRL_RUN),$(foreach d,384 128,outputs/eval/signals-$(r)-$(d))) \
-		--a 4 --b 2 --out outputs/compare/signals-matryoshka  # at 128-d: Matryoshka-trained over plain, both cut
+		--out outputs/compare/signals-matryoshka --a 4 --b 2 --a 3 --b 1  # Matryoshka-trained over plain: at 128, at 384
+	cp outputs/compare/signals-matryoshka/compare.json docs/results/training_signals_matryoshka.json
 
 # The CARE stage-I study (docs/care.md, "The stage-I study"): each arm one change from care_me5's stage I,
 # screened once at 100 steps and chosen on the selection set, never on the benchmark: cEpilepsyQA dev (200

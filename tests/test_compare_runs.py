@@ -70,27 +70,35 @@ def test_groups_by_recipe_with_mean_sd_and_a_pooled_gain(runs):
     pooled = {name: {q: np.mean([truth[f"{name}-s{s}"][q] for s in (0, 1)]) for q in QUERIES}
               for name in ("inbatch", "hard3")}
     want = gain_interval({"per_query": pooled["inbatch"]}, {"per_query": pooled["hard3"]})
-    got = result["gain"]["intervals"]["nano/kuake_qtr"]
-    assert result["gain"]["of"] == "trainer.group_size=4" or result["gain"]["over"] == "trainer.group_size=4"
-    sign = 1 if result["gain"]["of"] == "trainer.group_size=1" else -1
-    assert sign * got["difference"] == pytest.approx(want["difference"])
-    assert result["gain"]["intervals"]["nano/avg"] is None  # a mean column has no per-query values
+    (gain,) = result["gains"]  # by default one row: the second trained group over the first
+    got = gain["intervals"]["nano/kuake_qtr"]
+    assert (gain["of"], gain["over"]) == ("trainer.group_size=4", "trainer.group_size=1")
+    assert got["difference"] == pytest.approx(-want["difference"])
+    assert gain["intervals"]["nano/avg"] is None  # a mean column has no per-query values
 
 
 def test_chosen_groups_and_the_cli_files(runs, tmp_path, capsys):
     folders, _ = runs
-    result = compare(folders, a="group_size=4", b="1")
-    assert result["gain"]["of"] == "trainer.group_size=4" and result["gain"]["over"] == "trainer.group_size=1"
-    main([*map(str, folders), "--a", "2", "--b", "1", "--out", str(tmp_path / "cmp")])
+    (gain,) = compare(folders, [("group_size=4", "1")])["gains"]
+    assert gain["of"] == "trainer.group_size=4" and gain["over"] == "trainer.group_size=1"
+    # --a / --b repeated: one gain row per pair, in the order given, each the pair's own interval
+    main([*map(str, folders), "--a", "2", "--b", "1", "--a", "1", "--b", "bm25", "--out", str(tmp_path / "cmp")])
     text = capsys.readouterr().out
-    assert "±" in text and "gain of trainer.group_size=4 over trainer.group_size=1" in text
+    assert "±" in text and text.index("gain of trainer.group_size=4 over trainer.group_size=1") < \
+        text.index("gain of trainer.group_size=1 over bm25")
+    saved = json.loads((tmp_path / "cmp" / "compare.json").read_text())
+    assert [(g["of"], g["over"]) for g in saved["gains"]] == [("trainer.group_size=4", "trainer.group_size=1"),
+                                                              ("trainer.group_size=1", "bm25")]
+    assert saved["gains"][1]["intervals"] == compare(folders, [("1", "3")])["gains"][0]["intervals"]
+    with pytest.raises(SystemExit):  # an --a without its --b
+        main([*map(str, folders), "--a", "2", "--out", str(tmp_path / "cmp2")])
     assert (tmp_path / "cmp" / "compare.png").read_bytes()[:4] == b"\x89PNG"
     assert json.loads((tmp_path / "cmp" / "compare.json").read_text())["groups"][0]["runs"] == 2
     with pytest.raises(ValueError, match="matches 0 groups"):
-        compare(folders, a="no-such", b="1")
+        compare(folders, [("no-such", "1")])
     # a baseline can be chosen too, by label or by its row number in the table (numbers count every row)
     for b in ("bm25", "3"):
-        assert compare(folders, a="group_size=1", b=b)["gain"]["over"] == "bm25"
+        assert compare(folders, [("group_size=1", b)])["gains"][0]["over"] == "bm25"
 
 
 def test_recipe_group_ignores_seed_and_run_settings_only():

@@ -1,12 +1,13 @@
-"""Compare evaluation runs across seeds: `python -m care.evaluation.compare RUN [RUN ...] [--a A --b B]`.
+"""Compare evaluation runs across seeds: `python -m care.evaluation.compare RUN [RUN ...] [--a A --b B ...]`.
 
 Each RUN is an evaluate.py output folder (summary.json and the per-task JSON).  Every model row is put in
 a group: a trained model by its recipe, the training config its folder records (care_training.json)
 without the seed and the run settings (care.config.recipe; wandb groups training runs by the same key), so
 the seeds of one recipe form one group; a model with no training record (a baseline) is its own group.
-The table shows, per group and table cell, the mean and standard deviation over its runs (seeds).  Two
-groups (`--a`, `--b`: a group's number in the table or a word of its label; default the first two trained
-groups) get a gain row with a paired-bootstrap 95% interval per cell (care/evaluation/significance.py) over
+The table shows, per group and table cell, the mean and standard deviation over its runs (seeds).  Each
+pair of groups (`--a`, `--b`: a group's number in the table or a word of its label; repeat both for more
+rows, paired in order, so one table holds an ablation's every gain; default the first two trained groups)
+gets a gain row with a paired-bootstrap 95% interval per cell (care/evaluation/significance.py) over
 the pooled per-query values: each query's value averaged over the group's seeds, so the interval is the
 evaluation set's noise left after averaging the seeds; the spread between seeds is the sd column.
 Writes compare.md, compare.json and compare.png to --out (default <--out-root>/compare/<time>, the outputs
@@ -143,7 +144,9 @@ def _pick(found: list[dict], which: str) -> dict:
     return match[0]
 
 
-def compare(runs: Sequence[str | Path], a: str | None = None, b: str | None = None, seed: int = 0) -> dict:
+def compare(runs: Sequence[str | Path], gains: Sequence[tuple[str, str]] | None = None, seed: int = 0) -> dict:
+    """The table of `runs` grouped by recipe, and one gain row per (a, b) pair of `gains` (by default the
+    second trained group over the first, when there are two)."""
     rows = load_rows(runs)
     found = groups(rows)
     columns = list(dict.fromkeys(c["key"] for r in rows for c in r["columns"]))
@@ -158,14 +161,14 @@ def compare(runs: Sequence[str | Path], a: str | None = None, b: str | None = No
                             "n": len(v)}
         table.append({"label": g["label"], "key": g["key"], "seeds": g["seeds"], "runs": len(g["rows"]),
                       "cells": cells})
-    result = {"runs": [str(r) for r in runs], "columns": columns, "titles": titles, "groups": table}
+    result = {"runs": [str(r) for r in runs], "columns": columns, "titles": titles, "groups": table, "gains": []}
     trained = [g for g in found if g["trained"]]
-    if len(trained) >= 2 or (a and b):
-        # Chosen among all the table's groups (a baseline too); by default the first two trained ones.
-        ga = _pick(found, a) if a else trained[1]
-        gb = _pick(found, b) if b else trained[0]
-        result["gain"] = {"of": ga["label"], "over": gb["label"], "intervals": {
-            c: gain_interval(pooled_items(ga, c), pooled_items(gb, c), seed=seed) for c in columns}}
+    # Chosen among all the table's groups (a baseline too); by default the first two trained ones.
+    pairs = [(_pick(found, a), _pick(found, b)) for a, b in gains] if gains else \
+        [(trained[1], trained[0])] if len(trained) >= 2 else []
+    for ga, gb in pairs:
+        result["gains"].append({"of": ga["label"], "over": gb["label"], "intervals": {
+            c: gain_interval(pooled_items(ga, c), pooled_items(gb, c), seed=seed) for c in columns}})
     return result
 
 
@@ -180,14 +183,14 @@ def markdown(result: dict) -> str:
             cells.append("" if x is None else f"{x['mean']:.2f}" + (f" ± {x['sd']:.2f}" if x["sd"] is not None else ""))
         seeds = f"{g['runs']} ({', '.join(g['seeds'])})" if g["seeds"] else str(g["runs"])
         lines.append("| " + " | ".join([g["label"], seeds, *cells]) + " |")
-    if "gain" in result:
-        gain = result["gain"]
+    for gain in result["gains"]:
         cells = []
         for c in cols:
             i = gain["intervals"].get(c)
             cells.append("" if not i else f"{i['difference']:+.2f} [{i['low']:+.2f}, {i['high']:+.2f}]"
                          + ("*" if i["low"] > 0 or i["high"] < 0 else ""))
         lines.append("| " + " | ".join([f"gain of {gain['of']} over {gain['over']}", "pooled", *cells]) + " |")
+    if result["gains"]:
         lines += ["", ("Mean ± sd over each group's runs (seeds). Gain: paired bootstrap over the queries (STS: "
                        "pairs) of each query's value averaged over the group's seeds, 95%; * = excludes 0.")]
     return "\n".join(lines) + "\n"
@@ -217,15 +220,18 @@ def plot(result: dict, path: Path) -> Path:
 def main(argv: Sequence[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("runs", nargs="+", help="evaluate.py output folders")
-    ap.add_argument("--a", help="the group whose gain is shown (number in the table or a word of its label)")
-    ap.add_argument("--b", help="the reference group")
+    ap.add_argument("--a", action="append", default=[],
+                    help="a group whose gain is shown (number in the table or a word of its label); repeatable")
+    ap.add_argument("--b", action="append", default=[], help="its reference group, one per --a, paired in order")
     ap.add_argument("--out", help="where compare.md / .json / .png go (default <out root>/compare/<time>)")
     ap.add_argument("--out-root", default=str(outputs_dir()),
                     help="the outputs root, as the apps' out_root= (default CARE_OUTPUTS, else <project>/outputs)")
     args = ap.parse_args(argv)
+    if len(args.a) != len(args.b):
+        ap.error(f"--a given {len(args.a)} times and --b {len(args.b)}: each gain row needs both")
     out = Path(args.out) if args.out else Path(args.out_root) / "compare" / time.strftime("%Y-%m-%d_%H-%M-%S")
     with app_errors("python -m care.evaluation.compare", writes_to=out, resumes=False):
-        result = compare(args.runs, args.a, args.b)
+        result = compare(args.runs, list(zip(args.a, args.b)))
         text = markdown(result)
         write_json(out / "compare.json", result)
         with atomic_open(out / "compare.md") as fh:
