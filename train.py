@@ -43,18 +43,24 @@ def distributed_env_from_submitit() -> None:
 
 
 def per_job_output_dir(cfg: DictConfig) -> None:
-    """In a multirun (`-m`) whose command line names neither output_dir nor run_name, every job would train
-    into the same run folder (the second refused as another run's, or both writing checkpoints at once):
-    give each job its own, <output_dir>/<the sweep's folder name (its start time)>/<job number>; the job's
-    overrides are in its care_training.json and Hydra's job folder."""
+    """In a multirun (`-m`), jobs that all compose conf/train.yaml's default run_name would train into the
+    same folder (the second refused as another run's, or both writing checkpoints at once): give each its
+    own, <output_dir>/<the sweep's folder name (its start time)>/<job number>; the job's overrides are in its
+    care_training.json and Hydra's job folder.  A job keeps the folder its config names (and a finished run
+    is skipped when the sweep runs again) when its command line sets output_dir or run_name, or when its
+    experiment names its runs (e.g. `run_name: signals-inbatch-s${seed}`): such an experiment answers for
+    one folder per job, and a run that lands in another's folder is refused, never mixed (checkpoint.py)."""
     from hydra.core.hydra_config import HydraConfig
     from hydra.types import RunMode
-    from omegaconf import open_dict
+    from omegaconf import OmegaConf, open_dict
 
     if not HydraConfig.initialized():  # main() called as a function (tests): no command line to read
         return
     hc = HydraConfig.get()
     named = any(o.split("=", 1)[0].lstrip("+~") in ("output_dir", "run_name") for o in hc.overrides.task)
+    unresolved = [OmegaConf.to_container(c, resolve=False).get("run_name")  # as written: ${...} kept
+                  for c in (OmegaConf.load(CONF_DIR / "train.yaml"), cfg)]
+    named = named or unresolved[0] != unresolved[1]
     if hc.mode == RunMode.MULTIRUN and not named:
         with open_dict(cfg):
             cfg.output_dir = f"{cfg.output_dir}/{Path(hc.sweep.dir).name}/{hc.job.num}"

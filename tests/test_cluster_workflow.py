@@ -336,3 +336,24 @@ def test_the_bare_multirun_gives_each_job_its_own_run_folder(tmp_path, shared, t
     assert [p.parent.name for p in finals] == ["0", "1"] and finals[0].parent.parent == finals[1].parent.parent
     lrs = [json.loads((p / "care_training.json").read_text())["config"]["trainer"]["lr"] for p in finals]
     assert sorted(lrs) == [1e-5, 2e-5]
+
+
+@pytest.mark.slow
+def test_an_experiment_that_names_its_runs_keeps_its_folders_and_a_rerun_skips_them(tmp_path, shared,
+                                                                                       tiny_bert_dir):
+    """An experiment whose run_name tells its jobs apart (`named-s${seed}`, as the ablations' experiments
+    do) trains each job into outputs/train/<run_name>/, so the same sweep run again finds each run finished
+    and skips it, where a folder per sweep time would train everything again."""
+    texts, train = make_training_files(tmp_path, shared, n_questions=12)
+    experiments = tmp_path / "conf" / "experiment"
+    experiments.mkdir(parents=True)
+    (experiments / "named.yaml").write_text("# @package _global_\nrun_name: named-s${seed}\n")
+    sweep = ["experiment=named", f"hydra.searchpath=[file://{tmp_path / 'conf'}]", "validation.task=null",
+             "trainer.max_steps=1", "trainer.batch_size=4", "seed=0,1"]
+    local_multirun(tmp_path, tmp_path / "multirun", tiny_bert_dir, texts, train, *sweep, job_folders=False)
+    weights = sorted((tmp_path / "outputs" / "train").glob("*/final/model.safetensors"))
+    assert [p.parent.parent.name for p in weights] == ["named-s0", "named-s1"]
+    written = [p.stat().st_mtime_ns for p in weights]
+    local_multirun(tmp_path, tmp_path / "multirun2", tiny_bert_dir, texts, train, *sweep, job_folders=False)
+    assert [p.stat().st_mtime_ns for p in weights] == written  # both skipped, nothing trained again
+    assert sorted((tmp_path / "outputs" / "train").glob("*/*/*/final")) == []  # no folder per sweep time
