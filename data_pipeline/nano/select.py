@@ -133,21 +133,56 @@ def select(task: SourceTask, query_limit: int = 200, doc_limit: int = 10_000, qu
                                             dedupe_query_texts)
     if not queries:
         raise ValueError(f"task {task.name!r}: no query selected out of {len(task.queries)} ({query_counts})")
-
     selected = len(queries)
+    corpus, corpus_meta = _select_corpus(task, queries, positives, neg_by_query, doc_limit, query_selection,
+                                         seed, dedupe_doc_texts)
+    qrels, qrels_meta = _post_filter(task, queries, corpus, pos_by_query, qrels_cap, corpus_meta)
+    qrels_meta.update({"duplicate_positive_qrels_removed": duplicate_qrels["positive"],
+                       "duplicate_non_positive_qrels_removed": duplicate_qrels["non_positive"]})
+    if corpus_order == "hashed":
+        corpus = {d: corpus[d] for d in _hash_order(corpus, seed)}
+    corpus_meta.update({"corpus_below_doc_limit": len(corpus) < doc_limit, "corpus_order": corpus_order,
+                        **({"corpus_order_key": f"sha256(f'{{seed}}\\0{{doc_id}}'), seed {seed}"}
+                           if corpus_order == "hashed" else {})})
+    metadata = {
+        "split_name": task.name,
+        "queries": len(queries),
+        "corpus": len(corpus),
+        "qrels": sum(map(len, qrels.values())),
+        "source_positive_qrels": len(positives),
+        "source_non_positive_qrels": sum(map(len, neg_by_query.values())),
+        "query_limit": query_limit,
+        "doc_limit": doc_limit,
+        "dedupe_query_texts": dedupe_query_texts,
+        "dedupe_doc_texts": dedupe_doc_texts,
+        "qrels_score_policy": "score > 0 is positive",
+        "query_selection": {"policy": query_selection,  # first: source order (HAKARI); random: seeded shuffle
+                            **({"seed": seed} if query_selection == "random" else {}),
+                            "source_queries": len(task.queries), "selected_before_corpus_filter": selected,
+                            **query_counts},
+        "corpus_selection": corpus_meta,
+        "qrels_selection": qrels_meta,
+        "source": dict(task.provenance),
+    }
+    _unmatched_qrels(task, metadata)
+    return Selection(queries, corpus, qrels, metadata)
 
-    # s.4 steps 1-3: what is wanted, then one pass over the corpus for its rows.
+
+def _select_corpus(task: SourceTask, queries: dict[str, str], positives: list[tuple[str, str]],
+                   neg_by_query: dict[str, list[str]], doc_limit: int, policy: str, seed: int,
+                   dedupe: bool) -> tuple[dict[str, str], dict]:
+    """docs/nano.md s.4 steps 1-4: the selected queries' positives, their hard negatives round-robin, then
+    fill rows, until doc_limit; with HAKARI's corpus_selection counters (the order fields added by select)."""
     positive_ids = list(dict.fromkeys(d for q, d in positives if q in queries))
     hard_ids = _round_robin(queries, neg_by_query)
     wanted = set(positive_ids) | set(hard_ids)
-    rows: dict[str, str] = {}
+    rows: dict[str, str] = {}  # steps 1-3: what is wanted, in one pass over the corpus
     for did, text in task.corpus:
         if did in wanted and did not in rows:
             rows[did] = text
     fill_limit = max(3 * doc_limit, doc_limit + len(wanted))
-    fill = _fill_rows(task, fill_limit, query_selection, seed)
+    fill = _fill_rows(task, fill_limit, policy, seed)
 
-    # s.4 step 4: positives, hard negatives, fill, until doc_limit.
     corpus: dict[str, str] = {}
     texts: set[str] = set()
     duplicates: set[str] = set()  # ids left out for a text already in: each counted once, though a hard
@@ -158,7 +193,7 @@ def select(task: SourceTask, query_limit: int = 200, doc_limit: int = 10_000, qu
     def add(did: str, text: str) -> bool:
         if len(corpus) >= doc_limit or did in corpus:
             return False
-        if dedupe_doc_texts and text in texts:
+        if dedupe and text in texts:
             duplicates.add(did)
             return False
         corpus[did] = text
@@ -179,8 +214,27 @@ def select(task: SourceTask, query_limit: int = 200, doc_limit: int = 10_000, qu
         if len(corpus) >= doc_limit:
             break
         counts["fill_docs"] += add(did, text)
+    return corpus, {
+        "positive_doc_count": len(positive_ids),
+        "source_hard_negative_doc_candidates": len(hard_ids),
+        "kept_hard_negative_docs": counts["kept_hard_negative_docs"],
+        "missing_positive_docs": counts["missing_positive_docs"],
+        "missing_hard_negative_docs": counts["missing_hard_negative_docs"],
+        "duplicate_doc_texts_removed": len(duplicates),
+        "hard_negative_sampling_policy": "query_round_robin",
+        "fill_policy": "source_order_first" if policy == "first" else "seeded_random_sample",
+        "fill_candidate_limit": fill_limit,
+        "fill_candidates": len(fill),
+        "fill_docs": counts["fill_docs"],
+        "source_corpus_rows": len(task.corpus),
+    }
 
-    # s.4 step 5: post-filter and cap.
+
+def _post_filter(task: SourceTask, queries: dict[str, str], corpus: dict[str, str],
+                 pos_by_query: dict[str, list[str]], cap: int, corpus_meta: dict
+                 ) -> tuple[dict[str, list[str]], dict]:
+    """docs/nano.md s.4 step 5: keep the positives whose document survived, drop (from `queries`, in place)
+    a query left with none, cap each query's positives; raises ValueError when no query is left."""
     qrels: dict[str, list[str]] = {}
     removed_queries = removed_docs = over_cap = 0
     for qid in list(queries):
@@ -190,61 +244,15 @@ def select(task: SourceTask, query_limit: int = 200, doc_limit: int = 10_000, qu
             removed_queries += 1
             del queries[qid]
             continue
-        over_cap += max(0, len(kept) - qrels_cap)
-        qrels[qid] = kept[:qrels_cap]
+        over_cap += max(0, len(kept) - cap)
+        qrels[qid] = kept[:cap]
     if not queries:
         raise ValueError(f"task {task.name!r}: every selected query lost its positives to the corpus filter "
-                         f"({removed_queries} removed; {counts})")
-
-    if corpus_order == "hashed":
-        corpus = {d: corpus[d] for d in _hash_order(corpus, seed)}
-    query_selection_meta = {"policy": query_selection,  # first: source order (HAKARI); random: seeded shuffle
-                            **({"seed": seed} if query_selection == "random" else {}),
-                            "source_queries": len(task.queries), "selected_before_corpus_filter": selected,
-                            **query_counts}
-    metadata = {
-        "split_name": task.name,
-        "queries": len(queries),
-        "corpus": len(corpus),
-        "qrels": sum(map(len, qrels.values())),
-        "source_positive_qrels": len(positives),
-        "source_non_positive_qrels": sum(map(len, neg_by_query.values())),
-        "query_limit": query_limit,
-        "doc_limit": doc_limit,
-        "dedupe_query_texts": dedupe_query_texts,
-        "dedupe_doc_texts": dedupe_doc_texts,
-        "qrels_score_policy": "score > 0 is positive",
-        "query_selection": query_selection_meta,
-        "corpus_selection": {
-            "positive_doc_count": len(positive_ids),
-            "source_hard_negative_doc_candidates": len(hard_ids),
-            "kept_hard_negative_docs": counts["kept_hard_negative_docs"],
-            "missing_positive_docs": counts["missing_positive_docs"],
-            "missing_hard_negative_docs": counts["missing_hard_negative_docs"],
-            "duplicate_doc_texts_removed": len(duplicates),
-            "hard_negative_sampling_policy": "query_round_robin",
-            "fill_policy": "source_order_first" if query_selection == "first" else "seeded_random_sample",
-            "fill_candidate_limit": fill_limit,
-            "fill_candidates": len(fill),
-            "fill_docs": counts["fill_docs"],
-            "source_corpus_rows": len(task.corpus),
-            "corpus_below_doc_limit": len(corpus) < doc_limit,
-            "corpus_order": corpus_order,
-            **({"corpus_order_key": f"sha256(f'{{seed}}\\0{{doc_id}}'), seed {seed}"}
-               if corpus_order == "hashed" else {}),
-        },
-        "qrels_selection": {
-            "removed_queries_after_corpus_filter": removed_queries,
-            "removed_qrels_after_corpus_filter": removed_docs,
-            "qrels_per_query_cap": qrels_cap,
-            "removed_qrels_over_cap": over_cap,
-            "duplicate_positive_qrels_removed": duplicate_qrels["positive"],
-            "duplicate_non_positive_qrels_removed": duplicate_qrels["non_positive"],
-        },
-        "source": dict(task.provenance),
-    }
-    _unmatched_qrels(task, metadata)
-    return Selection(queries, corpus, qrels, metadata)
+                         f"({removed_queries} removed; {corpus_meta})")
+    return qrels, {"removed_queries_after_corpus_filter": removed_queries,
+                   "removed_qrels_after_corpus_filter": removed_docs,
+                   "qrels_per_query_cap": cap,
+                   "removed_qrels_over_cap": over_cap}
 
 
 class NanoSourceWarning(UserWarning):
