@@ -206,21 +206,8 @@ def run(cfg: DictConfig) -> dict:
     encoder = build_encoder(cfg.model)
     cache = EmbeddingCache(opts["cache"]) if opts.get("cache") else None
     timing = {"encode": 0.0, "search": 0.0, "select": 0.0}
-    pools: dict[str, list[int]] = defaultdict(list)  # pool -> positions in examples
-    for i, ex in enumerate(examples):
-        pools[ex["pool"]].append(i)
-    mined: list[Mined | None] = [None] * len(examples)
-    pos_scores: list[list[float] | None] = [None] * len(examples)
-    neighbour_sims, per_pool, rule_counts = [], {}, []
-    for pool, members in pools.items():
-        result = mine_pool([examples[i] for i in members], texts, encoder, cluster_of, removed, opts,
-                           window, cache, timing)
-        neighbour_sims.append(result.neighbour_sims)
-        rule_counts.append(result.removed)
-        for i, m, p in zip(members, result.mined, result.pos_scores):
-            mined[i], pos_scores[i] = m, p
-        short = sum(m.in_window < opts["min_negatives"] for m in result.mined)
-        per_pool[pool] = {"examples": len(members), "short_before_fallback": short}
+    mined, pos_scores, neighbour_sims, per_pool, rule_counts = _mine_pools(
+        examples, texts, encoder, cluster_of, removed, opts, window, cache, timing)
     rows = []
     for ex, m, p in zip(examples, mined, pos_scores):
         rows.append({"query_id": ex["query_id"], "pos_ids": ex["pos_ids"], "pos_scores": p,
@@ -235,7 +222,6 @@ def run(cfg: DictConfig) -> dict:
 
     kept_scores = [s for m in mined for s in m.neg_scores[:len(m.neg_scores) - m.fallback]]
     filled_scores = [s for m in mined for s in m.neg_scores[len(m.neg_scores) - m.fallback:]]
-    n_negs = np.array([len(m.neg_ids) for m in mined])
     seconds = {k: round(v, 2) for k, v in timing.items()} | {"total": round(time.perf_counter() - t0, 2)}
     stats = {
         "stage": "mine", "fingerprint": fp, "examples": len(rows), "texts": len(used),
@@ -246,12 +232,7 @@ def run(cfg: DictConfig) -> dict:
         "fallback": opts["fallback"],
         "positive_aware": positive_aware_stats(rules, rule_counts),
         "pools": per_pool,
-        "negatives": {"total": int(n_negs.sum()), "per_example_mean": round(float(n_negs.mean()), 2),
-                      "per_example_min": int(n_negs.min()), "per_example_max": int(n_negs.max()),
-                      "in_window": len(kept_scores), "fallback": len(filled_scores)},
-        "examples_short_before_fallback": sum(m.in_window < opts["min_negatives"] for m in mined),
-        "examples_with_fallback": sum(m.fallback > 0 for m in mined),
-        "examples_short_after_fallback": int((n_negs < opts["min_negatives"]).sum()),
+        **_negative_counts(mined, opts["min_negatives"]),
         "dedup_clusters": str(clusters_path) if clusters_path else None,
         "dedup_texts_clustered": len(cluster_of), "dedup_texts_removed": len(removed),
         "embedding_cache": {"hits": cache.hits, "misses": cache.misses} if cache else None,
@@ -271,6 +252,43 @@ def run(cfg: DictConfig) -> dict:
              f"{stats['positive_aware']['examples_affected']:,} examples; " if rules else "")
           + f"{seconds['total']} s -> {out_dir}")
     return stats
+
+
+def _negative_counts(mined: list[Mined], min_negatives: int) -> dict:
+    """stats.json's counts of the negatives kept: per example, from the window and from the fallback."""
+    n_negs = np.array([len(m.neg_ids) for m in mined])
+    fallback = sum(m.fallback for m in mined)
+    return {
+        "negatives": {"total": int(n_negs.sum()), "per_example_mean": round(float(n_negs.mean()), 2),
+                      "per_example_min": int(n_negs.min()), "per_example_max": int(n_negs.max()),
+                      "in_window": int(n_negs.sum()) - fallback, "fallback": fallback},
+        "examples_short_before_fallback": sum(m.in_window < min_negatives for m in mined),
+        "examples_with_fallback": sum(m.fallback > 0 for m in mined),
+        "examples_short_after_fallback": int((n_negs < min_negatives).sum()),
+    }
+
+
+def _mine_pools(examples: list[dict], texts, encoder, cluster_of, removed, opts: dict, window: dict, cache,
+                timing: dict) -> tuple[list[Mined], list[list[float]], list[np.ndarray], dict, list[dict]]:
+    """Each pool's examples mined against that pool's texts (mine_pool); the results back in example order,
+    with each pool's similarity sample, its count of examples short of min_negatives before the fallback,
+    and the positive-aware rules' removal counts."""
+    pools: dict[str, list[int]] = defaultdict(list)  # pool -> positions in examples
+    for i, ex in enumerate(examples):
+        pools[ex["pool"]].append(i)
+    mined: list[Mined | None] = [None] * len(examples)
+    pos_scores: list[list[float] | None] = [None] * len(examples)
+    neighbour_sims, per_pool, rule_counts = [], {}, []
+    for pool, members in pools.items():
+        result = mine_pool([examples[i] for i in members], texts, encoder, cluster_of, removed, opts,
+                           window, cache, timing)
+        neighbour_sims.append(result.neighbour_sims)
+        rule_counts.append(result.removed)
+        for i, m, p in zip(members, result.mined, result.pos_scores):
+            mined[i], pos_scores[i] = m, p
+        short = sum(m.in_window < opts["min_negatives"] for m in result.mined)
+        per_pool[pool] = {"examples": len(members), "short_before_fallback": short}
+    return mined, pos_scores, neighbour_sims, per_pool, rule_counts
 
 
 def summary(stats: dict) -> str:
