@@ -38,24 +38,26 @@ def logsumexp(x: np.ndarray) -> float:
     return float(top + np.log(np.exp(x - top).sum()))
 
 
-def kd_reference(kind: str, scores: np.ndarray, teacher: np.ndarray, group: int, tau: float) -> float:
+def kd_reference(kind: str, scores: np.ndarray, teacher: np.ndarray, group: int, tau: float,
+                 rows: list[int] | None = None) -> float:
     """The distillation term with loops.  targets = softmax(teacher / tau) per query.  kl_div: cross-entropy of
     the targets against the log-softmax of the query's own group's scores, averaged over queries.
     m3_kd_loss: for each group position k, the cross-entropy of the query's whole row against member k, the
-    members before k left out of the row, weighted by target k and averaged over queries; summed over k."""
+    members before k left out of the row, weighted by target k and averaged over queries; summed over k.
+    `rows`: the queries averaged over (default all)."""
+    rows = list(range(len(scores))) if rows is None else rows
     t = np.exp(teacher / tau - (teacher / tau).max(1, keepdims=True))
     t /= t.sum(1, keepdims=True)
-    n = len(scores)
     if kind == "kl_div":
         total = 0.0
-        for i in range(n):
+        for i in rows:
             own = scores[i, i * group:(i + 1) * group]
             total -= sum(t[i, k] * (own[k] - logsumexp(own)) for k in range(group))
-        return total / n
+        return total / len(rows)
     total = 0.0
     for k in range(group):
         per_query = []
-        for i in range(n):
+        for i in rows:
             keep = [j for j in range(scores.shape[1]) if not i * group <= j < i * group + k]
             per_query.append(t[i, k] * (logsumexp(scores[i, keep]) - scores[i, i * group + k]))
         total += float(np.mean(per_query))
@@ -89,6 +91,29 @@ def test_asymmetric_teacher_term_matches_the_formula(kind, tau):
     assert abs(kd_reference(kind, scores, teacher, group, 2 * tau) - expected) > 1e-3
     other = KINDS[1 - KINDS.index(kind)]
     assert abs(kd_reference(other, scores, teacher, group, tau) - expected) > 1e-3
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_group_without_teacher_scores_is_left_out_of_the_term(kind):
+    """A NaN row (a group of borrowed random passages) adds nothing: the term is the formula's over the
+    scored queries alone, each in its place in the pool; a batch with no scored row gives 0 (and a graph)."""
+    rng = np.random.default_rng(7)
+    n, group, temperature = 5, 3, 0.05
+    q, p = unit(rng, n, 8), unit(rng, n * group, 8)
+    teacher = rng.normal(scale=3.0, size=(n, group))
+    teacher[[1, 3]] = np.nan
+    loss = AsymmetricLoss(temperature=temperature, mse_weight=0.0, group_size=group, teacher_weight=1.0,
+                          kd_loss_type=kind)
+    qt = torch.from_numpy(q).requires_grad_()
+    out = loss({"dense": qt}, {"dense": torch.from_numpy(p)}, teacher_scores=torch.from_numpy(teacher))
+    scores = q @ p.T / temperature
+    expected = kd_reference(kind, scores, teacher, group, 1.0, rows=[0, 2, 4])
+    assert float(out["teacher"].detach()) == pytest.approx(expected, rel=1e-12)
+    out["loss"].backward()
+    assert torch.isfinite(qt.grad).all()
+    none = loss({"dense": torch.from_numpy(q)}, {"dense": torch.from_numpy(p)},
+                teacher_scores=torch.full((n, group), float("nan"), dtype=torch.float64))
+    assert float(none["teacher"]) == 0.0 and float(none["loss"]) == pytest.approx(info_nce_reference(scores, group))
 
 
 @pytest.mark.parametrize("kind", KINDS)
@@ -164,6 +189,7 @@ def test_gradcache_with_teacher_scores_equals_the_plain_step(preset, kind):
     loss_fn = loss_preset(preset, teacher_weight=0.5, teacher_temperature=0.7, kd_loss_type=kind,
                           group_size=worker.GROUP)
     teacher = torch.from_numpy(np.random.default_rng(6).normal(scale=2.0, size=(worker.N_QUERIES, worker.GROUP)))
+    teacher[1] = float("nan")  # a group of borrowed passages: left out of the term, in both paths alike
     queries, passages = worker.medical_batch()
     results = []
     for cached in (False, True):
@@ -270,10 +296,12 @@ def test_a_distilling_run_refuses_a_file_without_teacher_scores(tmp_path, shared
     rows[5]["teacher_pos_scores"] = [1.0] * len(rows[5]["pos_ids"])
     rows[7]["neg_ids"], rows[7]["neg_scores"], rows[7]["teacher_neg_scores"] = [], [], []
     write_jsonl(scored, rows)
-    with pytest.raises(DataError, match=r"line 8, field 'neg_ids': .*no negatives.*random passages"):
-        Trainer(train_config(tmp_path, texts, scored, "run3", "loss.teacher_weight=1.0"))
-    # without distillation the same file trains as before (its groups borrow random passages)
-    Trainer(train_config(tmp_path, texts, scored, "run4", "trainer.query_side_pools=[]"))
+    # an example without negatives borrows random passages, which no teacher scored: it is accepted, and
+    # its group's row of teacher scores is NaN (the distillation term leaves it out: the formula test below)
+    trainer = Trainer(train_config(tmp_path, texts, scored, "run3", "loss.teacher_weight=1.0"))
+    assert trainer.data.stats["without_negatives"] == 1
+    batch = collate_groups([trainer.data[(0, i)] for i in (6, 7)])
+    assert not batch["teacher_scores"][0].isnan().any() and batch["teacher_scores"][1].isnan().all()
 
 
 def test_the_loss_refuses_what_it_cannot_distil():

@@ -24,7 +24,8 @@ the same shape (GradCache and the pool layout need that).  An example with no ne
 passages of the training set (any id used as a positive or negative, never one of its own positives).
 Both cases are counted in `stats` so a run says how often it happened.  With group_size = 1 no negatives
 are drawn: plain in-batch negatives.  A repeated negative repeats its teacher score; a borrowed random
-passage has none, so a distilling run refuses an example without negatives (require_teacher_scores).
+passage has none, so such a group's row of teacher scores is NaN in the batch and the distillation term
+leaves it out (care/training/loss_terms.py TeacherDistillation); InfoNCE trains it as without distillation.
 
 Which examples each batch holds (`trainer.batching`: mixed, or each global batch from one build rule) is
 the samplers' part: care.training.samplers.
@@ -137,8 +138,9 @@ class TrainingGroups(Dataset):
 
     def require_teacher_scores(self, key: str) -> None:
         """Refuse (one line, naming the file and what writes the scores) a file a distilling loss cannot use:
-        an example without teacher scores, or without negatives (its group would be random passages, which
-        have no teacher score).  `key`: the config key that asked for distillation."""
+        an example without teacher scores.  (An example without negatives is trained on borrowed random
+        passages, which have no teacher score: its group gets no distillation term, counted in `stats`
+        as without_negatives.)  `key`: the config key that asked for distillation."""
         missing = [e for e in self.examples if e["teacher"] is None]
         if len(missing) == len(self.examples):
             raise DataError(self.train_path, None, None,
@@ -151,13 +153,6 @@ class TrainingGroups(Dataset):
                             f"{key} > 0 distils teacher scores, and {len(missing)} of {len(self.examples)} examples "
                             f"have none (this is the first): they are written by {TEACHER_WRITTEN_BY}; run it "
                             f"again, or set {key}=0")
-        if self.group_size > 1:
-            bare = [e for e in self.examples if not e["neg_ids"]]
-            if bare:
-                raise DataError(self.train_path, bare[0]["line"], "neg_ids",
-                                f"{key} > 0 distils teacher scores, and {len(bare)} examples have no negatives (this "
-                                f"is the first): their groups would be random passages without teacher scores; "
-                                f"give them negatives (python -m data_pipeline stage=mine) or drop them")
 
     def __len__(self) -> int:
         return len(self.examples)
@@ -233,11 +228,13 @@ class TrainingGroups(Dataset):
 def collate_groups(items: list[dict]) -> dict:
     """Batch of groups -> {"queries": [B texts], "passages": [B * group_size texts]} in pool layout,
     "passage_pools": the pool (build.rules' `pool`, None when the file has none) of each passage's group,
-    and, when every group has them, "teacher_scores": a (B, group_size) float32 tensor (row i: group i's
-    scores, positive first, in pool order)."""
+    and, when any group has them, "teacher_scores": a (B, group_size) float32 tensor (row i: group i's
+    scores, positive first, in pool order; NaN for a group without, which distillation leaves out)."""
     batch = {"queries": [it["query"] for it in items], "passages": [p for it in items for p in it["passages"]],
              "passage_pools": [it.get("pool") for it in items for _ in it["passages"]]}
     teacher = [it.get("teacher_scores") for it in items]
-    if items and all(t is not None for t in teacher):
-        batch["teacher_scores"] = torch.tensor(teacher, dtype=torch.float32)
+    if any(t is not None for t in teacher):
+        width = len(items[0]["passages"])
+        batch["teacher_scores"] = torch.tensor([t if t is not None else [math.nan] * width for t in teacher],
+                                               dtype=torch.float32)
     return batch

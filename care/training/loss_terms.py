@@ -122,11 +122,19 @@ class TeacherDistillation:
                              f"group size {group_size}: one score per passage of each query's group")
 
     def __call__(self, scores: torch.Tensor, teacher_scores: torch.Tensor, group_size: int) -> torch.Tensor:
-        """The term for one head's (queries x pool) scores, already divided by the head's temperature."""
+        """The term for one head's (queries x pool) scores, already divided by the head's temperature.  A
+        query whose row of teacher scores is NaN (its group borrowed random passages, which no teacher scored)
+        is left out: the term is the mean over the scored queries (0 when none is)."""
         teacher = teacher_scores.detach().to(scores.device, at_least_fp32(scores).dtype)
+        scored = ~torch.isnan(teacher).any(dim=1)
+        if not bool(scored.all()):
+            if not bool(scored.any()):
+                return scores.sum() * 0.0  # keeps the graph: every process runs the same backward
+            teacher = teacher.masked_fill(~scored[:, None], 0.0)
         if self.kind == "kl_div":
-            return distill_ce(teacher, own_group(scores, group_size), self.temperature)
-        return m3_kd_loss(soft_targets(teacher, self.temperature), scores, group_size)
+            return distill_ce(teacher[scored], own_group(scores, group_size)[scored], self.temperature)
+        targets = soft_targets(teacher, self.temperature) * scored[:, None]  # an unscored row weighs nothing
+        return m3_kd_loss(targets, scores, group_size) * (len(scored) / int(scored.sum()))
 
 
 class ScoreDistillation:
