@@ -57,11 +57,13 @@ def per_job_output_dir(cfg: DictConfig) -> None:
     if not HydraConfig.initialized():  # main() called as a function (tests): no command line to read
         return
     hc = HydraConfig.get()
-    named = any(o.split("=", 1)[0].lstrip("+~") in ("output_dir", "run_name") for o in hc.overrides.task)
+    if hc.mode != RunMode.MULTIRUN:  # a single run: nothing to tell apart, nothing to read
+        return
+    if any(o.split("=", 1)[0].lstrip("+~") in ("output_dir", "run_name") for o in hc.overrides.task):
+        return
     unresolved = [OmegaConf.to_container(c, resolve=False).get("run_name")  # as written: ${...} kept
                   for c in (OmegaConf.load(CONF_DIR / "train.yaml"), cfg)]
-    named = named or unresolved[0] != unresolved[1]
-    if hc.mode == RunMode.MULTIRUN and not named:
+    if unresolved[0] == unresolved[1]:
         with open_dict(cfg):
             cfg.output_dir = f"{cfg.output_dir}/{Path(hc.sweep.dir).name}/{hc.job.num}"
 
