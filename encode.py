@@ -27,6 +27,7 @@ from omegaconf import DictConfig, OmegaConf
 from tqdm.auto import tqdm
 
 import care  # noqa: F401  (registers the ${paths:...} resolver)
+from care.allocator import keep_freed_memory
 from care.config import CONF_DIR
 from care.data.io import read_text_store
 from care.encoders import Encoder, build_encoder
@@ -191,6 +192,7 @@ def summary(stats: dict) -> str:
 
 @hydra.main(config_path=str(CONF_DIR), config_name="encode", version_base="1.3")
 def main(cfg: DictConfig) -> None:
+    keep_freed_memory()
     with app_errors("encode.py", cfg, writes_to=cfg.get("cache", {}).get("dir")):
         encode(cfg)
 

@@ -26,6 +26,7 @@ import hydra
 from omegaconf import DictConfig, OmegaConf
 
 import care  # noqa: F401  (registers the ${paths:...} resolver)
+from care.allocator import keep_freed_memory
 from care.config import CONF_DIR
 from care.data.io import write_json
 from care.encoders import build_encoder
@@ -184,6 +185,7 @@ def refresh_cards(entries: list[dict], rows: list[dict], summary_path: Path) -> 
 
 @hydra.main(config_path=str(CONF_DIR), config_name="evaluate", version_base="1.3")
 def main(cfg: DictConfig) -> None:
+    keep_freed_memory()
     with app_errors("evaluate.py", cfg, writes_to=cfg.get("out_dir")):
         locked_out_dir(evaluate)(cfg)
 

@@ -20,6 +20,7 @@ import hydra
 from omegaconf import DictConfig
 
 import care  # noqa: F401  (registers the ${paths:...} resolver)
+from care.allocator import keep_freed_memory
 from care.config import CONF_DIR
 from care.errors import app_errors
 
@@ -70,6 +71,7 @@ def per_job_output_dir(cfg: DictConfig) -> None:
 
 @hydra.main(config_path=str(CONF_DIR), config_name="train", version_base="1.3")
 def main(cfg: DictConfig) -> float:
+    keep_freed_memory()
     distributed_env_from_submitit()
     per_job_output_dir(cfg)
     # after Hydra parsed the command line: `--help` stays fast

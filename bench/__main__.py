@@ -22,6 +22,7 @@ BENCHES = {
     "train": "bench.train_bench",
     "encode": "bench.encode_bench",
     "care_step": "bench.care_step_bench",
+    "allocator": "bench.allocator_bench",
     "latency": "bench.latency_bench",
 }
 

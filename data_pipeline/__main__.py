@@ -18,6 +18,7 @@ import hydra
 from omegaconf import DictConfig
 
 import care  # noqa: F401  (registers the ${paths:...} resolver)
+from care.allocator import keep_freed_memory
 from care.config import CONF_DIR
 from care.errors import app_errors
 
@@ -48,6 +49,7 @@ def stage_names(stage) -> list[str]:
 
 @hydra.main(config_path=str(CONF_DIR), config_name="data_pipeline", version_base="1.3")
 def main(cfg: DictConfig) -> None:
+    keep_freed_memory()
     names = stage_names(cfg.stage)
     unknown = [n for n in names if n not in STAGES]
     if unknown:
