@@ -5,8 +5,8 @@ Why: glibc serves an allocation above its mmap threshold (32 MB at most) with a 
 free, and trims a freed top of the heap back to the kernel; a training step's activations are many such
 blocks, so every step faults the same memory in again, one page fault per 4 KB, each zeroed by the kernel.
 Measured on the 2-core machine (docs/training.md, "CPU memory"; `python -m bench allocator`): a fresh
-3-negative me5-small training process takes a fifth of the page faults, spends 30% less kernel time and steps 16% faster, with
-the same losses bit for bit.
+3-negative me5-small training process takes a fifth of the page faults, spends 30% less kernel time and
+steps 16% faster, with the same losses bit for bit.
 
 The cost: the resident set stays at the process's peak until it exits.
 `CARE_KEEP_FREED_MEMORY=0` leaves glibc's defaults; other C libraries (musl, macOS) are left alone, and so is a
