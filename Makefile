@@ -128,9 +128,9 @@ ablation-signals: model
 		$(PY) evaluate.py ckpt=outputs/train/$$run/final $(ABLATION_EVAL) run_name=$$run || exit 1; \
 	done
 	@# groups in the order given: 1 in-batch, 2 question, 3 document, 4 margin, 5 distill, 6 posfilter, 7 zero-shot;
-	@# one gain row per arm over the arm it changes
+	@# one gain row per arm over the arm it changes, then the two filtered/distilled arms over in-batch (do they pay?)
 	$(PY) -m care.evaluation.compare $(SIGNALS_EVALS) outputs/eval/signals-zeroshot --out outputs/compare/signals \
-		--a 1 --b 7 --a 2 --b 1 --a 3 --b 2 --a 4 --b 3 --a 5 --b 4 --a 6 --b 3
+		--a 1 --b 7 --a 2 --b 1 --a 3 --b 2 --a 4 --b 3 --a 5 --b 4 --a 6 --b 3 --a 5 --b 1 --a 6 --b 1
 	mkdir -p docs/results && cp outputs/compare/signals/compare.json docs/results/training_signals.json
 	$(PY) train.py run_name=$(MRL_RUN) 'loss.matryoshka_dims=[256,128,64]'
 	for run in $(notdir $(TRAIN_RUN)) $(MRL_RUN); do for d in 384 128; do \
