@@ -161,11 +161,14 @@ STUDY_ARM_sdist1 := model.stages.stage1.loss.score_distill_weight=1.0
 STUDY_ARM_nomse := model.stages.stage1.loss.mse_weight=0.0
 STUDY_ARM_texts0 := 'model.stages.stage1.extra_texts=[]'
 STUDY_ARM_texts60k := model.stages.stage1.extra_texts_max=60000
+# An arm's overrides; arms joined by + combine (spread+lr3e-4); an unknown name stops make before any run.
+study_arm = $(foreach part,$(subst +, ,$(1)),$(if $(filter undefined,$(origin STUDY_ARM_$(part))),\
+	$(error unknown CARE study arm '$(part)' (Makefile STUDY_ARM_*)),$(STUDY_ARM_$(part))))
 CARE_STUDY_ARMS ?= base spread lr3e-4 lr1e-3 warmup0.2 qshare0.35 qshare0.9 doclen128 sdist1 nomse texts0 texts60k
 CARE_STUDY_SEEDS ?= 0
 care-study: model
 	$(PY) -m data_pipeline stage=training
-	$(foreach s,$(CARE_STUDY_SEEDS),$(foreach a,$(CARE_STUDY_ARMS),$(PY) train.py $(CARE_STUDY) $(STUDY_ARM_$(a)) \
+	$(foreach s,$(CARE_STUDY_SEEDS),$(foreach a,$(CARE_STUDY_ARMS),$(PY) train.py $(CARE_STUDY) $(call study_arm,$(a)) \
 		seed=$(s) run_name=care_study-$(a)-s$(s) || exit 1;$(newline)))
 	$(PY) -m care.training.study outputs/train/care_study-* --out outputs/compare/care_study
 

@@ -60,3 +60,25 @@ def test_a_run_without_validation_is_refused(tmp_path):
         run_row(folder, "stage1")
     with pytest.raises(FileNotFoundError, match="not a training run folder"):
         run_row(tmp_path / "empty", "stage1")
+
+
+def make_dry_run(arms: str):
+    import subprocess
+
+    from care.paths import PROJECT_ROOT
+    return subprocess.run(["make", "-n", "care-study", f"CARE_STUDY_ARMS={arms}", "CARE_STUDY_SEEDS=0 1"],
+                          cwd=PROJECT_ROOT, capture_output=True, text=True, check=False)
+
+
+def test_make_care_study_combines_arms_and_refuses_an_unknown_one():
+    """`make care-study` (dry run): an arm joined by + takes each part's overrides, one run per seed and arm;
+    a misspelt arm stops make instead of training today's recipe under the wrong name."""
+    done = make_dry_run("spread+lr1e-3 base")
+    assert done.returncode == 0, done.stderr
+    runs = [line for line in done.stdout.splitlines() if " train.py " in line]
+    assert [r.split("run_name=")[1].split()[0] for r in runs] == [
+        "care_study-spread+lr1e-3-s0", "care_study-base-s0", "care_study-spread+lr1e-3-s1", "care_study-base-s1"]
+    assert "model.query.build.pick=spread" in runs[0] and "model.stages.stage1.trainer.lr=1e-3" in runs[0]
+    assert "pick=spread" not in runs[1] and "trainer.lr=" not in runs[1]
+    wrong = make_dry_run("spread+lr1e-5")
+    assert wrong.returncode != 0 and "unknown CARE study arm 'lr1e-5'" in wrong.stderr

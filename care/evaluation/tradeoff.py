@@ -1,0 +1,140 @@
+"""Quality against query cost, each model as a share of a reference measured in the same evaluation run:
+`python -m care.evaluation.tradeoff RUN [RUN ...] --out bench/results/care_me5.json`.
+
+CARE's claim is a ratio: the small query tower's Avg as a % of the symmetric model's, at its query latency as
+a % of that model's.  Latency on a shared CPU moves between runs, so each model's latency is divided by the
+reference's latency *of its own run* (evaluate.py scores the `me5_small` baseline in every run, with the same
+efficiency settings); quality is divided the same way (a benchmark's Avg does not move between runs, but a
+run with another benchmark build would).  Each RUN is an evaluate.py output folder (summary.json).
+
+Per model row (every model of every run but the reference and BM25; `--keep-reference` keeps each run's
+reference row, at 100%): the run, the model, the benchmark's slots and Avg, `avg_pct` (Avg / reference Avg x
+100), query latency p50 / p95 and `latency_pct` (p50 / reference p50 x 100), online parameters.  Writes the
+JSON (--out), a scatter plot beside it (`<stem>_tradeoff.png`: latency % against Avg %, with the target box
+of --target-avg / --target-latency) and prints a Markdown table.
+"""
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from care.data.io import atomic_open, read_json, save_figure, write_json
+from care.errors import app_errors
+
+P50, P95 = "query_latency_ms_p50", "query_latency_ms_p95"
+
+
+def _pct(value: float | None, reference: float | None) -> float | None:
+    return None if value is None or not reference else round(100 * value / reference, 1)
+
+
+def run_rows(folder: Path, reference: str, benchmark: str | None, keep_reference: bool) -> list[dict]:
+    """The rows of one evaluation run, each against the run's own reference row."""
+    path = folder / "summary.json"
+    if not path.is_file():
+        raise FileNotFoundError(f"{folder}: no summary.json (not an evaluate.py output folder)")
+    summary = read_json(path)
+    benchmarks = [b["name"] for b in summary["benchmarks"]]
+    bench = benchmark or benchmarks[0]
+    if bench not in benchmarks:
+        raise ValueError(f"{path}: no benchmark {bench!r} (it has {', '.join(benchmarks)})")
+    by_name = {m["name"]: m for m in summary["models"]}
+    if reference not in by_name:
+        raise ValueError(f"{path}: no reference model {reference!r} among {', '.join(by_name)} "
+                        f"(evaluate.py baselines=[..., {reference}])")
+    slots = [c for c in summary["columns"] if c["benchmark"] == bench and c["slot"]]
+    avg_key = f"{bench}/avg"
+    ref = by_name[reference]
+    ref_avg, ref_p50 = ref["scores"].get(avg_key), (ref.get("efficiency") or {}).get(P50)
+    rows = []
+    for model in summary["models"]:
+        if model["name"] == "bm25" or (model["name"] == reference and not keep_reference):
+            continue
+        eff = model.get("efficiency") or {}
+        avg = model["scores"].get(avg_key)
+        rows.append({
+            "run": summary["run"], "model": model["name"], "label": model["label"],
+            "slots": {c["title"]: model["scores"].get(c["key"]) for c in slots if c["key"] != avg_key},
+            "avg": avg, "avg_pct": _pct(avg, ref_avg),
+            "query_ms_p50": eff.get(P50), "query_ms_p95": eff.get(P95), "latency_pct": _pct(eff.get(P50), ref_p50),
+            "reference": {"model": reference, "avg": ref_avg, "query_ms_p50": ref_p50},
+            "online_parameters_M": _millions(eff.get("online_parameters")),
+            "online_parameters_without_embeddings_M": _millions(eff.get("online_parameters_without_embeddings")),
+        })
+    return rows
+
+
+def _millions(n: int | None) -> float | None:
+    return None if n is None else round(n / 1e6, 1)
+
+
+def _cell(value, digits: int = 2) -> str:
+    return "" if value is None else f"{value:.{digits}f}"
+
+
+def markdown(rows: list[dict]) -> str:
+    slots = list(dict.fromkeys(s for r in rows for s in r["slots"]))
+    head = ["run", "model", *slots, "Avg", "% of ref. Avg", "query ms p50", "ref. ms p50 (same run)",
+            "% of ref. latency", "online params w/o token emb. (M)"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * 2 + "---:|" * (len(head) - 2)]
+    for r in rows:
+        cells = [r["run"], r["label"], *(_cell(r["slots"].get(s)) for s in slots), _cell(r["avg"]),
+                 _cell(r["avg_pct"], 1), _cell(r["query_ms_p50"], 1), _cell(r["reference"]["query_ms_p50"], 1),
+                 _cell(r["latency_pct"], 1), _cell(r["online_parameters_without_embeddings_M"], 1)]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def plot(path: Path, rows: list[dict], target_avg: float, target_latency: float) -> Path:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4.8))
+    points = [r for r in rows if r["avg_pct"] is not None and r["latency_pct"] is not None]
+    ax.scatter([r["latency_pct"] for r in points], [r["avg_pct"] for r in points])
+    for r in points:
+        ax.annotate(r["label"], (r["latency_pct"], r["avg_pct"]), fontsize=7, xytext=(4, 3),
+                    textcoords="offset points")
+    ax.axhline(target_avg, ls="--", lw=0.8, color="grey")
+    ax.axvline(target_latency, ls="--", lw=0.8, color="grey")
+    ax.fill_between([0, target_latency], target_avg, 105, color="green", alpha=0.08,
+                    label=f"target: >= {target_avg:g}% of Avg at <= {target_latency:g}% of latency")
+    ax.set_xlim(0, max([105.0] + [r["latency_pct"] + 5 for r in points]))
+    ax.set_ylim(min([50.0] + [r["avg_pct"] - 5 for r in points]), 105)
+    ax.set_xlabel("query latency p50, % of the reference's in the same run")
+    ax.set_ylabel("Avg, % of the reference's")
+    ax.set_title("Quality against query cost")
+    ax.legend(fontsize=8, loc="lower right")
+    fig.tight_layout()
+    return save_figure(fig, path, dpi=120)
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("runs", nargs="+", type=Path, help="evaluate.py output folders")
+    ap.add_argument("--reference", default="me5_small", help="the model every row is a share of (default me5_small)")
+    ap.add_argument("--benchmark", default=None, help="whose Avg (default: each run's main benchmark)")
+    ap.add_argument("--keep-reference", action="store_true", help="keep each run's reference row (100%%)")
+    ap.add_argument("--target-avg", type=float, default=90.0)
+    ap.add_argument("--target-latency", type=float, default=40.0)
+    ap.add_argument("--out", type=Path, required=True, help="the JSON; the plot goes beside it")
+    args = ap.parse_args(argv)
+    with app_errors("tradeoff", resumes=False):
+        rows = [r for run in args.runs for r in run_rows(run, args.reference, args.benchmark, args.keep_reference)]
+        table = markdown(rows)
+        write_json(args.out, {"what": "each model as a % of the reference measured in the same evaluation run "
+                                      "(python -m care.evaluation.tradeoff)",
+                              "runs": [r.name for r in args.runs], "reference": args.reference,
+                              "target": {"avg_pct_at_least": args.target_avg,
+                                         "latency_pct_at_most": args.target_latency},
+                              "rows": rows})
+        with atomic_open(args.out.with_suffix(".md")) as fh:
+            fh.write(table)
+        plot(args.out.with_name(f"{args.out.stem}_tradeoff.png"), rows, args.target_avg, args.target_latency)
+        print(table)
+
+
+if __name__ == "__main__":
+    main()
