@@ -150,7 +150,7 @@ ablation-signals: model
 CARE_STUDY := model=care_me5 model.stage=stage1 model.stages.stage1.trainer.max_steps=100 \
 	model.stages.stage1.heldout_texts=500 validation.max_queries=200 validation.every_steps=100
 STUDY_ARM_base :=
-STUDY_ARM_spread := model.query.build.pick=spread 'model.query.build.out=$${cache_root}/models/multilingual-e5-small-4layers-spread'
+STUDY_ARM_spread := model.query.build.pick=spread
 STUDY_ARM_lr3e-4 := model.stages.stage1.trainer.lr=3e-4
 STUDY_ARM_lr1e-3 := model.stages.stage1.trainer.lr=1e-3
 STUDY_ARM_warmup0.2 := model.stages.stage1.trainer.warmup_ratio=0.2
