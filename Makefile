@@ -9,7 +9,7 @@ export TOKENIZERS_PARALLELISM := false
 export PYTHONUNBUFFERED := 1
 
 .PHONY: setup model run test test-slow bench bench-scale lint clean data evaluate train nano ablation ablation-long \
-	ablation-signals care-study
+	ablation-signals care-study care-experiment
 
 # Idempotent: the stamp is newer than pyproject.toml when nothing changed, and the step is skipped.
 setup: .venv/.stamp
@@ -171,6 +171,26 @@ care-study: model
 	$(foreach s,$(CARE_STUDY_SEEDS),$(foreach a,$(CARE_STUDY_ARMS),$(PY) train.py $(CARE_STUDY) $(call study_arm,$(a)) \
 		seed=$(s) run_name=care_study-$(a)-s$(s) || exit 1;$(newline)))
 	$(PY) -m care.training.study outputs/train/care_study-* --out outputs/compare/care_study
+
+# CARE's table (README "CARE", docs/care.md "The CPU experiment"): care_me5's default recipe through stages I
+# and II (run care_me5, ~1 h on 2 cores), the depth frontier at the study's budget (2, 4, 8 layers, the same
+# recipe), all scored in one evaluation run beside symmetric me5 (a), the untrained cut (b: the care_me5
+# baseline) and make run's model (e), so every latency has (a)'s of the same run; then each row as a % of (a)
+# (care.evaluation.tradeoff -> bench/results/care_me5.json, .md and the plot).  Finished runs are skipped.
+CARE_TABLE := outputs/care_table
+care-experiment: model
+	$(PY) -m data_pipeline stage=training
+	test -d $(TRAIN_RUN)/final || $(PY) train.py
+	$(PY) train.py model=care_me5 run_name=care_me5
+	for n in 2 4 8; do $(PY) train.py $(CARE_STUDY) model.query.build.layers=$$n seed=0 run_name=care_depth-L$$n \
+		|| exit 1; done
+	mkdir -p $(CARE_TABLE)
+	ln -sfn ../train/care_me5/stage1/final $(CARE_TABLE)/c-stage1
+	ln -sfn ../train/care_me5/final $(CARE_TABLE)/d-stage2
+	for n in 2 4 8; do ln -sfn ../train/care_depth-L$$n/final $(CARE_TABLE)/depth-L$$n; done
+	ln -sfn ../train/$(notdir $(TRAIN_RUN))/final $(CARE_TABLE)/e-symmetric
+	$(PY) evaluate.py ckpt=$(CARE_TABLE) 'baselines=[bm25,me5_small,care_me5]' run_name=care_table
+	$(PY) -m care.evaluation.tradeoff outputs/eval/care_table --keep-reference --out bench/results/care_me5.json
 
 # The search stages at 226,000 texts and a cost model to 1M / 10M (README "Scale"); minutes, not part of
 # `make bench`.  Needs the import stage's text store (built here when missing).
