@@ -147,8 +147,13 @@ ablation-signals: model
 # queries, kept out of training by the build stage) and a held-out alignment slice (500 texts kept out of
 # stage I).  CARE_STUDY_SEEDS adds seeds to the arms that decide (e.g. make care-study CARE_STUDY_SEEDS=1
 # CARE_STUDY_ARMS="base lr3e-4").  Each finished run is skipped on a re-run; the table: outputs/compare/care_study.
-CARE_STUDY := model=care_me5 model.stage=stage1 model.stages.stage1.trainer.max_steps=100 \
+CARE_STUDY_BUDGET := model=care_me5 model.stage=stage1 model.stages.stage1.trainer.max_steps=100 \
 	model.stages.stage1.heldout_texts=500 validation.max_queries=200 validation.every_steps=100
+# The screen's base is the recipe before the study (first layers, lr 1e-4, 2 epochs, train.yaml's validation):
+# pinned, so the arms stay one change from it, and their runs keep their config hash, now that care_me5's
+# default is the study's choice (spread+lr1e-3).
+CARE_STUDY := $(CARE_STUDY_BUDGET) model.query.build.pick=first model.stages.stage1.trainer.lr=1e-4 \
+	model.stages.stage1.trainer.epochs=2 '~model.stages.stage1.validation'
 STUDY_ARM_base :=
 STUDY_ARM_spread := model.query.build.pick=spread
 STUDY_ARM_lr3e-4 := model.stages.stage1.trainer.lr=3e-4
@@ -182,7 +187,7 @@ care-experiment: model
 	$(PY) -m data_pipeline stage=training
 	test -d $(TRAIN_RUN)/final || $(PY) train.py
 	$(PY) train.py model=care_me5 run_name=care_me5
-	for n in 2 4 8; do $(PY) train.py $(CARE_STUDY) model.query.build.layers=$$n seed=0 run_name=care_depth-L$$n \
+	for n in 2 4 8; do $(PY) train.py $(CARE_STUDY_BUDGET) model.query.build.layers=$$n seed=0 run_name=care_depth-L$$n \
 		|| exit 1; done
 	mkdir -p $(CARE_TABLE)
 	ln -sfn ../train/care_me5/stage1/final $(CARE_TABLE)/c-stage1

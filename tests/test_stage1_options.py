@@ -393,6 +393,22 @@ def test_heldout_slice_is_logged_beside_the_dev_metric(root, tiny, tmp_path):
     assert at_best["val/align_acc"] == expected["align_acc"]
 
 
+def test_a_stages_validation_block_and_a_fixed_budget(root, tiny, tmp_path):
+    """model.stages.<stage>.validation takes over train.yaml's validation for that stage (as its trainer block
+    does), and patience null never stops a run (care_me5's fixed stage-I budget); the control, patience 1,
+    stops at the first validation without an improvement (min_delta 10: none counts after the first)."""
+    task = dev_task(root, tmp_path / "dev.jsonl")
+
+    def steps(run: str, block: str) -> tuple[list[int], int]:
+        stage1_run(root, tiny, tmp_path / run, f"validation.task={task}", "validation.build_from=null",
+                   "validation.every_steps=3", "validation.min_delta=10", f"+model.stages.stage1.validation={block}")
+        rows = list(read_jsonl(tmp_path / run / "stage1" / "metrics.jsonl"))
+        return [r["step"] for r in rows if "val/map_cut_10" in r], max(r["step"] for r in rows if "loss/loss" in r)
+
+    assert steps("fixed", "{every_steps: 1, patience: null}") == ([0, 1, 2, 3, 4], 4)
+    assert steps("stops", "{every_steps: 1, patience: 1}") == ([0, 1], 1)
+
+
 # ---- every option off: the weights of the code before the options ----------------------------------------
 
 # A tiny stage-I run (stage1_run, no option) by the code before the options existed (git HEAD d95a321, with
@@ -451,11 +467,11 @@ def test_options_off_leave_the_stage_hash_as_before(root, tiny, tmp_path):
     # the control: a key away from its neutral value moves the hash
     on = stage1("model.stages.stage1.loss.score_distill_temperature=0.05")
     assert on.loss.score_distill_temperature == 0.05 and config_hash(on) != config_hash(defaults)
-    # care_me5's cut: pick=first is a neutral key of the stage config, spread is not
+    # care_me5's cut: pick=first is a neutral key of the stage config, spread (care_me5's default) is not
     me5 = ["model=care_me5", "model.stages.stage1.extra_texts=[]"]
-    first = stage_config(load_config("train", train_overrides(root, tmp_path / "m", *me5)), "stage1", tmp_path / "m")
-    spread = stage_config(load_config("train", train_overrides(root, tmp_path / "m", *me5, "model.query.build.pick=spread")),
-                          "stage1", tmp_path / "m")
+    first = stage_config(load_config("train", train_overrides(root, tmp_path / "m", *me5, "model.query.build.pick=first")),
+                         "stage1", tmp_path / "m")
+    spread = stage_config(load_config("train", train_overrides(root, tmp_path / "m", *me5)), "stage1", tmp_path / "m")
     assert "model.query.build.pick" in neutral_keys(OmegaConf.to_container(first))
     assert spread.model.query.build.pick == "spread" and "model.query.build.pick" not in neutral_keys(
         OmegaConf.to_container(spread))

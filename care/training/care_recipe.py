@@ -169,6 +169,8 @@ def stage_config(cfg: DictConfig, stage: str, run_dir: Path) -> DictConfig:
     spec = c.model.stages[stage]
     with open_dict(c):
         c.trainer = OmegaConf.merge(c.trainer, M3_ONLY_TRAINER, spec.get("trainer") or {})
+        # a stage's own validation schedule over train.yaml's, as its trainer block (stage I's long fixed budget)
+        c.validation = OmegaConf.merge(c.validation, spec.get("validation") or {})
         c.loss = spec.loss
         c.model.current_stage = stage
         c.model.stages = {stage: spec}  # a stage's config (and hash) never depends on another stage's settings

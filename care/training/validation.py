@@ -33,7 +33,8 @@ from care.retrieval.scorer import EncoderScorer
 
 
 class EarlyStopping:
-    """Stop after `patience` validations without an improvement of more than `min_delta`."""
+    """Stop after `patience` validations without an improvement of more than `min_delta`; patience None never
+    stops (a fixed budget: validation still picks best/)."""
 
     def __init__(self, patience: int, min_delta: float = 0.0):
         self.patience, self.min_delta = patience, min_delta
@@ -49,7 +50,7 @@ class EarlyStopping:
 
     @property
     def should_stop(self) -> bool:
-        return self.bad >= self.patience
+        return self.patience is not None and self.bad >= self.patience
 
     def state_dict(self) -> dict:
         return {"best": self.best, "best_step": self.best_step, "bad": self.bad}
