@@ -9,7 +9,7 @@ export TOKENIZERS_PARALLELISM := false
 export PYTHONUNBUFFERED := 1
 
 .PHONY: setup model run test test-slow bench bench-scale lint clean data evaluate train nano ablation ablation-long \
-	ablation-signals care-study care-experiment
+	ablation-signals care-study care-experiment care-stage2
 
 # Idempotent: the stamp is newer than pyproject.toml when nothing changed, and the step is skipped.
 setup: .venv/.stamp
@@ -196,6 +196,29 @@ care-experiment: model
 	ln -sfn ../train/$(notdir $(TRAIN_RUN))/final $(CARE_TABLE)/e-symmetric
 	$(PY) evaluate.py ckpt=$(CARE_TABLE) 'baselines=[bm25,me5_small,care_me5]' run_name=care_table
 	$(PY) -m care.evaluation.tradeoff outputs/eval/care_table --keep-reference --out bench/results/care_me5.json
+
+# Stage II without trading domains (docs/care.md, "Stage II arms"): each arm one change to care_me5's stage II,
+# all from care_me5's own stage-I tower (make care-experiment first), scored in one evaluation run beside
+# stage I (c) and symmetric me5 (a); gains with intervals over (a) in the evaluation's table, over stage I by
+# care.evaluation.compare.  The mixed arm is care_me5's own stage II (row d).
+RULES := cepilepsyqa kuake_qtr kuake_qqr cmedqq chip_sts chip2019 ncov cmedqa2_dev
+S2_ARM_byrule := ++model.stages.stage2.trainer.batching=by_rule
+S2_ARM_equal := ++model.stages.stage2.trainer.batching=by_rule \
+	'++model.stages.stage2.trainer.rule_weights={$(subst $(space),$(comma),$(addsuffix :1,$(RULES)))}'
+S2_ARM_lr3e-5 := model.stages.stage2.trainer.lr=3e-5
+S2_ARM_steps10 := model.stages.stage2.trainer.max_steps=10
+CARE_S2_ARMS ?= byrule equal lr3e-5 steps10
+CARE_S2 := outputs/care_stage2
+care-stage2: care-experiment
+	$(foreach a,$(CARE_S2_ARMS),$(PY) train.py model=care_me5 model.stage=stage2 $(S2_ARM_$(a)) \
+		model.stages.stage2.query_from=outputs/train/care_me5/stage1/final/query run_name=care_s2-$(a) || exit 1;$(newline))
+	mkdir -p $(CARE_S2)
+	ln -sfn ../train/care_me5/stage1/final $(CARE_S2)/c-stage1
+	ln -sfn ../train/care_me5/final $(CARE_S2)/s2-mixed
+	for a in $(CARE_S2_ARMS); do ln -sfn ../train/care_s2-$$a/final $(CARE_S2)/s2-$$a; done
+	$(PY) evaluate.py ckpt=$(CARE_S2) 'baselines=[me5_small]' efficiency.enabled=false run_name=care_stage2
+	$(PY) -m care.evaluation.compare outputs/eval/care_stage2 --out outputs/compare/care_stage2 \
+		$(foreach a,mixed $(CARE_S2_ARMS),--a s2-$(a) --b c-stage1)
 
 # The search stages at 226,000 texts and a cost model to 1M / 10M (README "Scale"); minutes, not part of
 # `make bench`.  Needs the import stage's text store (built here when missing).
