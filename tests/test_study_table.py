@@ -78,7 +78,11 @@ def test_make_care_study_combines_arms_and_refuses_an_unknown_one():
     runs = [line for line in done.stdout.splitlines() if " train.py " in line]
     assert [r.split("run_name=")[1].split()[0] for r in runs] == [
         "care_study-spread+lr1e-3-s0", "care_study-base-s0", "care_study-spread+lr1e-3-s1", "care_study-base-s1"]
-    assert "model.query.build.pick=spread" in runs[0] and "model.stages.stage1.trainer.lr=1e-3" in runs[0]
-    assert "pick=spread" not in runs[1] and "trainer.lr=" not in runs[1]
+    # the screen's base is pinned (first layers, lr 1e-4); an arm's overrides come after it, so they win
+    pins = ["model.query.build.pick=first", "model.stages.stage1.trainer.lr=1e-4"]
+    assert all(pin in runs[1] for pin in pins) and "pick=spread" not in runs[1] and "lr=1e-3" not in runs[1]
+    arm = runs[0].split()
+    assert arm.index("model.query.build.pick=spread") > arm.index(pins[0])
+    assert arm.index("model.stages.stage1.trainer.lr=1e-3") > arm.index(pins[1])
     wrong = make_dry_run("spread+lr1e-5")
     assert wrong.returncode != 0 and "unknown CARE study arm 'lr1e-5'" in wrong.stderr
