@@ -7,7 +7,7 @@ torch        the Hugging Face model in PyTorch (default; the only one that train
 onnx         the model exported to ONNX and run by ONNX Runtime (care/encoders/onnx_backend.py, which a CARE
              query tower shares), fp32: CPU only, needs `onnxruntime` and `onnx`.  The same network: vectors within ~1e-7 of torch's, every score of `evaluate.py` equal
              to 4 decimals for me5_small; at 2 threads 1.05-2.1x the documents/s of the torch path, by the
-             day's machine (bench/results/encode.json: 1.47-2.09x; docs/models.md "Faster CPU encoding");
+             day's machine (bench/results/encode.json: 1.64-1.86x; docs/models.md "Faster CPU encoding");
              exporting costs 10-20 s at load.
 onnx_int8    that export dynamically quantised to int8 by ONNX Runtime (per-channel weights)
 torch_int8   the torch model with every nn.Linear dynamically quantised to int8 (torch.ao, per-channel)
