@@ -150,8 +150,7 @@ ablation-signals: model
 CARE_STUDY_BUDGET := model=care_me5 model.stage=stage1 model.stages.stage1.trainer.max_steps=100 \
 	model.stages.stage1.heldout_texts=500 validation.max_queries=200 validation.every_steps=100
 # The screen's base is the recipe before the study (first layers, lr 1e-4, 2 epochs, train.yaml's validation):
-# pinned, so the arms stay one change from it, and their runs keep their config hash, now that care_me5's
-# default is the study's choice (spread+lr1e-3).
+# pinned, so the arms stay one change from it now that care_me5's default is the study's choice (spread+lr1e-3).
 CARE_STUDY := $(CARE_STUDY_BUDGET) model.query.build.pick=first model.stages.stage1.trainer.lr=1e-4 \
 	model.stages.stage1.trainer.epochs=2 '~model.stages.stage1.validation'
 STUDY_ARM_base :=
@@ -197,7 +196,7 @@ care-experiment: model
 	$(PY) evaluate.py ckpt=$(CARE_TABLE) 'baselines=[bm25,me5_small,care_me5]' run_name=care_table
 	$(PY) -m care.evaluation.tradeoff outputs/eval/care_table --keep-reference --out bench/results/care_me5.json
 
-# Stage II without trading domains (docs/care.md, "Stage II arms"): each arm one change to care_me5's stage II,
+# Stage II without trading domains (docs/care.md, "Stage II batches from one rule at a time"): each arm one change to care_me5's stage II,
 # all from care_me5's own stage-I tower (make care-experiment first), scored in one evaluation run beside
 # stage I (c) and symmetric me5 (a); gains with intervals over (a) in the evaluation's table, over stage I by
 # care.evaluation.compare.  The mixed arm is care_me5's own stage II (row d).

@@ -36,7 +36,7 @@ class EarlyStopping:
     """Stop after `patience` validations without an improvement of more than `min_delta`; patience None never
     stops (a fixed budget: validation still picks best/)."""
 
-    def __init__(self, patience: int, min_delta: float = 0.0):
+    def __init__(self, patience: int | None, min_delta: float = 0.0):
         self.patience, self.min_delta = patience, min_delta
         self.best, self.best_step, self.bad = -math.inf, -1, 0
 
