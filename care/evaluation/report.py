@@ -45,7 +45,7 @@ def columns(benchmarks: list[Benchmark]) -> list[dict]:
     return cols
 
 
-def _fmt(value, digits: int = 2) -> str:
+def fmt_number(value, digits: int = 2) -> str:
     if value is None:
         return "n/a"
     return f"{value:,.{digits}f}" if digits else f"{value:,.0f}"
@@ -87,8 +87,8 @@ def markdown(run: str, benchmarks: list[Benchmark], rows: list[dict], settings: 
         + [title for _, title, _, _ in EFFICIENCY]
     lines += ["| " + " | ".join(head) + " |", "|" + "|".join(["---"] + ["---:"] * (len(head) - 1)) + "|"]
     for r in rows:
-        cells = [r["label"]] + [_fmt(r["scores"].get(c["key"])) for c in cols]
-        cells += [_fmt(r["efficiency"].get(k) * scale if r["efficiency"].get(k) is not None else None, d)
+        cells = [r["label"]] + [fmt_number(r["scores"].get(c["key"])) for c in cols]
+        cells += [fmt_number(r["efficiency"].get(k) * scale if r["efficiency"].get(k) is not None else None, d)
                   for k, _, scale, d in EFFICIENCY]
         lines.append("| " + " | ".join(cells) + " |")
     for r, ref in gains(rows, settings.get("gain_over")):
@@ -137,7 +137,7 @@ def plot(path: Path, benchmarks: list[Benchmark], rows: list[dict]) -> Path:
         values = [r["scores"].get(c["key"]) for c in cols]
         bars = ax.bar(x + (i - (len(rows) - 1) / 2) * width, [v if v is not None else 0 for v in values],
                       width, label=r["label"])
-        ax.bar_label(bars, labels=[_fmt(v, 1) for v in values], fontsize=7, rotation=90, padding=2)
+        ax.bar_label(bars, labels=[fmt_number(v, 1) for v in values], fontsize=7, rotation=90, padding=2)
     ax.set_xticks(x, [c["title"] for c in cols], rotation=20, ha="right")
     ax.set_ylabel("score (0-100)")
     stand_in = [b.name for b in benchmarks if b.open_stand_in]

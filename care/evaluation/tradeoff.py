@@ -20,6 +20,7 @@ from pathlib import Path
 
 from care.data.io import atomic_open, read_json, save_figure, write_json
 from care.errors import app_errors
+from care.evaluation.report import fmt_number
 
 P50, P95 = "query_latency_ms_p50", "query_latency_ms_p95"
 
@@ -68,19 +69,15 @@ def _millions(n: int | None) -> float | None:
     return None if n is None else round(n / 1e6, 1)
 
 
-def _cell(value, digits: int = 2) -> str:
-    return "" if value is None else f"{value:.{digits}f}"
-
-
 def markdown(rows: list[dict]) -> str:
     slots = list(dict.fromkeys(s for r in rows for s in r["slots"]))
     head = ["run", "model", *slots, "Avg", "% of ref. Avg", "query ms p50", "ref. ms p50 (same run)",
             "% of ref. latency", "online params w/o token emb. (M)"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * 2 + "---:|" * (len(head) - 2)]
     for r in rows:
-        cells = [r["run"], r["label"], *(_cell(r["slots"].get(s)) for s in slots), _cell(r["avg"]),
-                 _cell(r["avg_pct"], 1), _cell(r["query_ms_p50"], 1), _cell(r["reference"]["query_ms_p50"], 1),
-                 _cell(r["latency_pct"], 1), _cell(r["online_parameters_without_embeddings_M"], 1)]
+        cells = [r["run"], r["label"], *(fmt_number(r["slots"].get(s)) for s in slots), fmt_number(r["avg"]),
+                 fmt_number(r["avg_pct"], 1), fmt_number(r["query_ms_p50"], 1), fmt_number(r["reference"]["query_ms_p50"], 1),
+                 fmt_number(r["latency_pct"], 1), fmt_number(r["online_parameters_without_embeddings_M"], 1)]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
