@@ -96,6 +96,8 @@ def test_chosen_groups_and_the_cli_files(runs, tmp_path, capsys):
     assert json.loads((tmp_path / "cmp" / "compare.json").read_text())["groups"][0]["runs"] == 2
     with pytest.raises(ValueError, match="matches 0 groups"):
         compare(folders, [("no-such", "1")])
+    # or by a model's row name (a checkpoint folder's name), which a recipe label does not show
+    assert compare(folders, [("hard3-s1", "inbatch-s0")])["gains"][0]["of"] == "trainer.group_size=4"
     # a baseline can be chosen too, by label or by its row number in the table (numbers count every row)
     for b in ("bm25", "3"):
         assert compare(folders, [("group_size=1", b)])["gains"][0]["over"] == "bm25"

@@ -5,8 +5,9 @@ a group: a trained model by its recipe, the training config its folder records (
 without the seed and the run settings (care.config.recipe; wandb groups training runs by the same key), so
 the seeds of one recipe form one group; a model with no training record (a baseline) is its own group.
 The table shows, per group and table cell, the mean and standard deviation over its runs (seeds).  Each
-pair of groups (`--a`, `--b`: a group's number in the table or a word of its label; repeat both for more
-rows, paired in order, so one table holds an ablation's every gain; default the first two trained groups)
+pair of groups (`--a`, `--b`: a group's number in the table, a word of its label or one of its models' names;
+repeat both for more rows, paired in order, so one table holds an ablation's every gain; default the first two
+trained groups)
 gets a gain row with a paired-bootstrap 95% interval per cell (care/evaluation/significance.py) over
 the pooled per-query values: each query's value averaged over the group's seeds, so the interval is the
 evaluation set's noise left after averaging the seeds; the spread between seeds is the sd column.
@@ -135,10 +136,11 @@ def pooled_items(group: dict, column: str) -> dict | None:
 
 
 def _pick(found: list[dict], which: str) -> dict:
-    """A group by its row number in the table or a unique word of its label."""
+    """A group by its row number in the table, a unique word of its label, or the name of one of its models
+    (evaluate.py's row name: a checkpoint's folder name, which a recipe label does not show)."""
     if which.isdigit():
         return found[int(which) - 1]
-    match = [g for g in found if which in g["label"]]
+    match = [g for g in found if which in g["label"] or any(r["name"] == which for r in g["rows"])]
     if len(match) != 1:
         raise ValueError(f"--a/--b {which!r} matches {len(match)} groups: {[g['label'] for g in found]}")
     return match[0]
@@ -221,7 +223,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("runs", nargs="+", help="evaluate.py output folders")
     ap.add_argument("--a", action="append", default=[],
-                    help="a group whose gain is shown (number in the table or a word of its label); repeatable")
+                    help="a group whose gain is shown (number in the table, a word of its label or a model's "
+                         "name); repeatable")
     ap.add_argument("--b", action="append", default=[], help="its reference group, one per --a, paired in order")
     ap.add_argument("--out", help="where compare.md / .json / .png go (default <out root>/compare/<time>)")
     ap.add_argument("--out-root", default=str(outputs_dir()),
