@@ -157,3 +157,17 @@ def test_truncate_dim_cuts_the_models_under_test_not_the_baselines():
                                   resolve=True)
     with pytest.raises(ValueError, match="already cut to its query tower's width"):
         evaluate.model_entries(care)
+
+
+def test_a_trained_care_checkpoint_is_not_taken_for_its_untrained_baseline(tmp_path):
+    """A CARE model has no top-level path: its towers' folders, not its kind and prompts, decide whether the
+    model under test is the baseline itself (one row) or a row of its own (the untrained cut of the table)."""
+    from omegaconf import OmegaConf
+
+    import evaluate
+
+    cfg = OmegaConf.to_container(load_config("evaluate", ["model=care_tiny", "baselines=[care_tiny]"]), resolve=True)
+    assert [r["label"] for r in evaluate.model_entries(cfg)] == [f"{cfg['model']['label']} [zero-shot baseline]"]
+    trained = {**cfg["model"], "query": {**cfg["model"]["query"], "path": str(tmp_path / "final" / "query")}}
+    rows = evaluate.model_entries({**cfg, "model": trained})
+    assert [r.get("baseline", False) for r in rows] == [False, True]

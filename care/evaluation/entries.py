@@ -126,4 +126,8 @@ def _same_path(a: str, b: str | None) -> bool:
 
 
 def _identity(model: dict) -> tuple:
-    return (*(str(model.get(k)) for k in ("kind", "path", "pooling", "truncate_dim")), Prompts.from_config(model))
+    """What makes two model configs one model: a CARE model has no top-level path, its towers' folders tell
+    a trained checkpoint from the untrained towers of its own config file."""
+    sides = [model.get("query") or {}, model.get("document") or {}] if model.get("kind") == "care" else [model]
+    return (str(model.get("kind")), str(model.get("truncate_dim")),
+            *((str(side.get("path")), str(side.get("pooling"))) for side in sides), Prompts.from_config(model))
