@@ -177,7 +177,7 @@ care-study: model
 	$(PY) -m care.training.study outputs/train/care_study-* --out outputs/compare/care_study
 
 # CARE's table (README "CARE", docs/care.md "The CPU experiment"): care_me5's default recipe through stages I
-# and II (run care_me5, ~1 h on 2 cores), the depth frontier at the study's budget (2, 4, 8 layers, the same
+# and II (run care_me5, 40-75 min on 2 cores by machine), the depth frontier at the study's budget (2, 4, 8 layers, the same
 # recipe), all scored in one evaluation run beside symmetric me5 (a), the untrained cut (b: the care_me5
 # baseline) and make run's model (e), so every latency has (a)'s of the same run; then each row as a % of (a)
 # (care.evaluation.tradeoff -> bench/results/care_me5.json, .md and the plot).  Finished runs are skipped.
