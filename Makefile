@@ -7,6 +7,17 @@ export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 export PYTHONUNBUFFERED := 1
+# The two roots (conf/roots.yaml), defined once: CARE_OUTPUTS / CARE_CACHE as every app reads them, or
+# `make run OUT_ROOT=DIR CACHE_ROOT=DIR2`.  Exported, so every app follows them (the Hydra apps' out_root and
+# cache_root, compare, the study, tradeoff, build_me5, bench), and every path below is built from them: a
+# target never trains into one root and then evaluates another.
+OUT_ROOT := $(or $(OUT_ROOT),$(CARE_OUTPUTS),outputs)
+CACHE_ROOT := $(or $(CACHE_ROOT),$(CARE_CACHE),.cache)
+export CARE_OUTPUTS := $(abspath $(OUT_ROOT))
+export CARE_CACHE := $(abspath $(CACHE_ROOT))
+EVAL := $(OUT_ROOT)/eval
+RUNS := $(OUT_ROOT)/train
+COMPARE := $(OUT_ROOT)/compare
 
 .PHONY: setup model run test test-slow bench bench-scale lint clean data evaluate train nano ablation ablation-long \
 	ablation-signals care-study care-experiment care-stage2
@@ -24,7 +35,7 @@ setup: .venv/.stamp
 	@touch $@
 	@echo "setup: .venv ready"
 
-# The offline pretrained encoder (multilingual-e5-small, Q4-dequantised) in .cache/models.
+# The offline pretrained encoder (multilingual-e5-small, Q4-dequantised) in $(CACHE_ROOT)/models.
 model: setup
 	@$(PY) -m care.tools.build_me5
 
@@ -48,7 +59,7 @@ nano: model
 # The main job, end to end on the shared data: the data pipeline's stages training and evaluation read
 # (import, dedup, build, mine, benchmarks; its per-stage table printed; the Nano splits are `make nano`'s), the default CPU fine-tune, then the fine-tuned model scored beside its
 # zero-shot start and BM25 (the table printed).  Every step skips what is already done on a re-run.
-TRAIN_RUN := outputs/train/cpu_default-me5_small
+TRAIN_RUN := $(RUNS)/cpu_default-me5_small
 run: model
 	$(PY) -m data_pipeline stage=training
 	$(PY) train.py
@@ -74,13 +85,13 @@ ablation: model
 	$(PY) -m data_pipeline stage=training
 	$(PY) train.py -m experiment=hn_ablation 'run_name=hn_ablation-g$${trainer.group_size}-s$${seed}' \
 		trainer.group_size=1,2,4 seed=0,1,2
-	test -f outputs/eval/hn_ablation-zeroshot/summary.json || \
+	test -f $(EVAL)/hn_ablation-zeroshot/summary.json || \
 	$(PY) evaluate.py model=me5_small $(ABLATION_EVAL) run_name=hn_ablation-zeroshot
 	for g in 1 2 4; do for s in 0 1 2; do \
-		test -f outputs/eval/hn_ablation-g$$g-s$$s/summary.json || \
-		$(PY) evaluate.py ckpt=outputs/train/hn_ablation-g$$g-s$$s/final $(ABLATION_EVAL) run_name=hn_ablation-g$$g-s$$s || exit 1; \
+		test -f $(EVAL)/hn_ablation-g$$g-s$$s/summary.json || \
+		$(PY) evaluate.py ckpt=$(RUNS)/hn_ablation-g$$g-s$$s/final $(ABLATION_EVAL) run_name=hn_ablation-g$$g-s$$s || exit 1; \
 	done; done
-	$(PY) -m care.evaluation.compare outputs/eval/hn_ablation-* --out outputs/compare/hn_ablation \
+	$(PY) -m care.evaluation.compare $(EVAL)/hn_ablation-* --out $(COMPARE)/hn_ablation \
 		--a group_size=4 --b group_size=1 --a group_size=2 --b group_size=1
 
 # The ablation's longer regime: the same recipe for 60 steps, in-batch vs 3 mined hard negatives, 3 seeds.
@@ -89,11 +100,11 @@ ablation-long: model
 	$(PY) train.py -m experiment=hn_ablation_long 'run_name=hn_ablation_long-g$${trainer.group_size}-s$${seed}' \
 		trainer.group_size=1,4 seed=0,1,2
 	for g in 1 4; do for s in 0 1 2; do \
-		test -f outputs/eval/hn_ablation_long-g$$g-s$$s/summary.json || \
-		$(PY) evaluate.py ckpt=outputs/train/hn_ablation_long-g$$g-s$$s/final $(ABLATION_EVAL) run_name=hn_ablation_long-g$$g-s$$s || exit 1; \
+		test -f $(EVAL)/hn_ablation_long-g$$g-s$$s/summary.json || \
+		$(PY) evaluate.py ckpt=$(RUNS)/hn_ablation_long-g$$g-s$$s/final $(ABLATION_EVAL) run_name=hn_ablation_long-g$$g-s$$s || exit 1; \
 	done; done
-	$(PY) -m care.evaluation.compare outputs/eval/hn_ablation_long-* outputs/eval/hn_ablation-zeroshot \
-		--a group_size=4 --b group_size=1 --out outputs/compare/hn_ablation_long
+	$(PY) -m care.evaluation.compare $(EVAL)/hn_ablation_long-* $(EVAL)/hn_ablation-zeroshot \
+		--a group_size=4 --b group_size=1 --out $(COMPARE)/hn_ablation_long
 
 # The training-signals ablation (docs/training_signals.md): in-batch -> + mined negatives (question mode) ->
 # document-mode mining -> + relative margin 0.05 -> + distillation from `make run`'s model, one change per
@@ -108,7 +119,7 @@ endef
 empty :=
 space := $(empty) $(empty)
 SIGNALS_RUNS := $(foreach a,$(SIGNALS),$(foreach s,0 1 2,signals-$(a)-s$(s)))
-SIGNALS_EVALS := $(addprefix outputs/eval/,$(SIGNALS_RUNS))
+SIGNALS_EVALS := $(addprefix $(EVAL)/,$(SIGNALS_RUNS))
 MRL_RUN := cpu_default-me5_small-mrl
 ablation-signals: model
 	$(PY) -m data_pipeline stage=training
@@ -121,32 +132,32 @@ ablation-signals: model
 	$(PY) -m data_pipeline stage=score teacher=$(TRAIN_RUN)/final \
 		'score.input_dir=$${data_dir}/mined/document-rm0.05' 'score.out_dir=$${data_dir}/scored/document-rm0.05'
 	$(PY) train.py -m experiment=$(subst $(space),$(comma),$(addprefix signals/,$(SIGNALS))) seed=0,1,2
-	test -f outputs/eval/signals-zeroshot/summary.json || \
+	test -f $(EVAL)/signals-zeroshot/summary.json || \
 	$(PY) evaluate.py model=me5_small $(ABLATION_EVAL) run_name=signals-zeroshot
 	for run in $(SIGNALS_RUNS); do \
-		test -f outputs/eval/$$run/summary.json || \
-		$(PY) evaluate.py ckpt=outputs/train/$$run/final $(ABLATION_EVAL) run_name=$$run || exit 1; \
+		test -f $(EVAL)/$$run/summary.json || \
+		$(PY) evaluate.py ckpt=$(RUNS)/$$run/final $(ABLATION_EVAL) run_name=$$run || exit 1; \
 	done
 	@# groups in the order given: 1 in-batch, 2 question, 3 document, 4 margin, 5 distill, 6 posfilter, 7 zero-shot;
 	@# one gain row per arm over the arm it changes, then the two filtered/distilled arms over in-batch (do they pay?)
-	$(PY) -m care.evaluation.compare $(SIGNALS_EVALS) outputs/eval/signals-zeroshot --out outputs/compare/signals \
+	$(PY) -m care.evaluation.compare $(SIGNALS_EVALS) $(EVAL)/signals-zeroshot --out $(COMPARE)/signals \
 		--a 1 --b 7 --a 2 --b 1 --a 3 --b 2 --a 4 --b 3 --a 5 --b 4 --a 6 --b 3 --a 5 --b 1 --a 6 --b 1
-	mkdir -p docs/results && cp outputs/compare/signals/compare.json docs/results/training_signals.json
+	mkdir -p docs/results && cp $(COMPARE)/signals/compare.json docs/results/training_signals.json
 	$(PY) train.py run_name=$(MRL_RUN) 'loss.matryoshka_dims=[256,128,64]'
 	for run in $(notdir $(TRAIN_RUN)) $(MRL_RUN); do for d in 384 128; do \
-		test -f outputs/eval/signals-$$run-$$d/summary.json || \
-		$(PY) evaluate.py ckpt=outputs/train/$$run/final $(ABLATION_EVAL) truncate_dim=$$d \
+		test -f $(EVAL)/signals-$$run-$$d/summary.json || \
+		$(PY) evaluate.py ckpt=$(RUNS)/$$run/final $(ABLATION_EVAL) truncate_dim=$$d \
 			run_name=signals-$$run-$$d || exit 1; \
 	done; done
-	$(PY) -m care.evaluation.compare $(foreach r,$(notdir $(TRAIN_RUN)) $(MRL_RUN),$(foreach d,384 128,outputs/eval/signals-$(r)-$(d))) \
-		--out outputs/compare/signals-matryoshka --a 4 --b 2 --a 3 --b 1  # Matryoshka-trained over plain: at 128, at 384
-	cp outputs/compare/signals-matryoshka/compare.json docs/results/training_signals_matryoshka.json
+	$(PY) -m care.evaluation.compare $(foreach r,$(notdir $(TRAIN_RUN)) $(MRL_RUN),$(foreach d,384 128,$(EVAL)/signals-$(r)-$(d))) \
+		--out $(COMPARE)/signals-matryoshka --a 4 --b 2 --a 3 --b 1  # Matryoshka-trained over plain: at 128, at 384
+	cp $(COMPARE)/signals-matryoshka/compare.json docs/results/training_signals_matryoshka.json
 
 # The CARE stage-I study (docs/care.md, "The stage-I study"): each arm one change from care_me5's stage I,
 # screened once at 100 steps and chosen on the selection set, never on the benchmark: cEpilepsyQA dev (200
 # queries, kept out of training by the build stage) and a held-out alignment slice (500 texts kept out of
 # stage I).  CARE_STUDY_SEEDS adds seeds to the arms that decide (e.g. make care-study CARE_STUDY_SEEDS=1
-# CARE_STUDY_ARMS="base lr3e-4").  Each finished run is skipped on a re-run; the table: outputs/compare/care_study.
+# CARE_STUDY_ARMS="base lr3e-4").  Each finished run is skipped on a re-run; the table: $(COMPARE)/care_study.
 CARE_STUDY_BUDGET := model=care_me5 model.stage=stage1 model.stages.stage1.trainer.max_steps=100 \
 	model.stages.stage1.heldout_texts=500 validation.max_queries=200 validation.every_steps=100
 # The screen's base is the recipe before the study (first layers, lr 1e-4, 2 epochs, train.yaml's validation):
@@ -174,14 +185,14 @@ care-study: model
 	$(PY) -m data_pipeline stage=training
 	$(foreach s,$(CARE_STUDY_SEEDS),$(foreach a,$(CARE_STUDY_ARMS),$(PY) train.py $(CARE_STUDY) $(call study_arm,$(a)) \
 		seed=$(s) run_name=care_study-$(a)-s$(s) || exit 1;$(newline)))
-	$(PY) -m care.training.study outputs/train/care_study-* --out outputs/compare/care_study
+	$(PY) -m care.training.study $(RUNS)/care_study-* --out $(COMPARE)/care_study
 
 # CARE's table (README "CARE", docs/care.md "The CPU experiment"): care_me5's default recipe through stages I
 # and II (run care_me5, 40-75 min on 2 cores by machine), the depth frontier at the study's budget (2, 4, 8 layers, the same
 # recipe), all scored in one evaluation run beside symmetric me5 (a), the untrained cut (b: the care_me5
 # baseline) and make run's model (e), so every latency has (a)'s of the same run; then each row as a % of (a)
 # (care.evaluation.tradeoff -> bench/results/care_me5.json, .md and the plot).  Finished runs are skipped.
-CARE_TABLE := outputs/care_table
+CARE_TABLE := $(OUT_ROOT)/care_table
 care-experiment: model
 	$(PY) -m data_pipeline stage=training
 	test -d $(TRAIN_RUN)/final || $(PY) train.py
@@ -194,7 +205,7 @@ care-experiment: model
 	for n in 2 4 8; do ln -sfn ../train/care_depth-L$$n/final $(CARE_TABLE)/depth-L$$n; done
 	ln -sfn ../train/$(notdir $(TRAIN_RUN))/final $(CARE_TABLE)/e-symmetric
 	$(PY) evaluate.py ckpt=$(CARE_TABLE) 'baselines=[bm25,me5_small,care_me5]' run_name=care_table
-	$(PY) -m care.evaluation.tradeoff outputs/eval/care_table --keep-reference --out bench/results/care_me5.json
+	$(PY) -m care.evaluation.tradeoff $(EVAL)/care_table --keep-reference --out bench/results/care_me5.json
 
 # Stage II without trading domains (docs/care.md, "Stage II batches from one rule at a time"): each arm one change to care_me5's stage II,
 # all from care_me5's own stage-I tower (make care-experiment first), scored in one evaluation run beside
@@ -207,16 +218,16 @@ S2_ARM_equal := ++model.stages.stage2.trainer.batching=by_rule \
 S2_ARM_lr3e-5 := model.stages.stage2.trainer.lr=3e-5
 S2_ARM_steps10 := model.stages.stage2.trainer.max_steps=10
 CARE_S2_ARMS ?= byrule equal lr3e-5 steps10
-CARE_S2 := outputs/care_stage2
+CARE_S2 := $(OUT_ROOT)/care_stage2
 care-stage2: care-experiment
 	$(foreach a,$(CARE_S2_ARMS),$(PY) train.py model=care_me5 model.stage=stage2 $(S2_ARM_$(a)) \
-		model.stages.stage2.query_from=outputs/train/care_me5/stage1/final/query run_name=care_s2-$(a) || exit 1;$(newline))
+		model.stages.stage2.query_from=$(RUNS)/care_me5/stage1/final/query run_name=care_s2-$(a) || exit 1;$(newline))
 	mkdir -p $(CARE_S2)
 	ln -sfn ../train/care_me5/stage1/final $(CARE_S2)/c-stage1
 	ln -sfn ../train/care_me5/final $(CARE_S2)/s2-mixed
 	for a in $(CARE_S2_ARMS); do ln -sfn ../train/care_s2-$$a/final $(CARE_S2)/s2-$$a; done
 	$(PY) evaluate.py ckpt=$(CARE_S2) 'baselines=[me5_small]' efficiency.enabled=false run_name=care_stage2
-	$(PY) -m care.evaluation.compare outputs/eval/care_stage2 --out outputs/compare/care_stage2 \
+	$(PY) -m care.evaluation.compare $(EVAL)/care_stage2 --out $(COMPARE)/care_stage2 \
 		$(foreach a,mixed $(CARE_S2_ARMS),--a s2-$(a) --b c-stage1)
 
 # The search stages at 226,000 texts and a cost model to 1M / 10M (README "Scale"); minutes, not part of
@@ -229,4 +240,4 @@ lint: setup
 	.venv/bin/ruff check care data_pipeline tests bench train.py evaluate.py
 
 clean:
-	rm -rf outputs multirun .pytest_cache
+	rm -rf $(OUT_ROOT) multirun .pytest_cache

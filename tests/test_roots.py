@@ -1,8 +1,16 @@
 """One output root and one cache root (conf/roots.yaml): every app composed with out_root=DIR and
 cache_root=DIR2 names no path under the default outputs or cache folder, Hydra's own run and sweep folders
-included, so an app cannot read stale data from the default place while the user set another."""
+included, so an app cannot read stale data from the default place while the user set another.  The same for
+the Makefile (`make -n <target>` for every target, the roots moved by CARE_OUTPUTS/CARE_CACHE or by
+OUT_ROOT=/CACHE_ROOT=, names no `outputs/` or `.cache/` default path, and its recipes' environment hands the
+moved roots to every app) and for the study CLI, whose default --out lies under the moved outputs root.  The
+reference: the default folders as care/paths.py names them, and the moved folders the test chose."""
 from __future__ import annotations
 
+import json
+import os
+import re
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -96,3 +104,71 @@ def test_train_reads_the_cache_the_user_moved(tmp_path, default_roots):
 
 def encode_cache_dir(root: Path) -> str:
     return load_config("encode", [f"cache_root={root}"]).cache.dir
+
+
+# ---- the Makefile and the CLIs that are not Hydra apps ---------------------------------------------------------
+
+MAKEFILE = PROJECT_ROOT / "Makefile"
+TARGETS = sorted({t for line in re.findall(r"^\.PHONY:((?:.*\\\n)*.*)$", MAKEFILE.read_text(), re.MULTILINE)
+                  for t in line.replace("\\\n", " ").split()})
+# A default folder named relatively (`outputs/train/...`, `rm -rf outputs`, `.cache/models`), not as part of
+# a longer path (`/tmp/x/outputs` is a moved root, `docs/results` is not a root at all).
+RELATIVE_DEFAULT = re.compile(r"(?<![\w./-])(outputs|\.cache)(?![\w.-])")
+
+
+def make(*args: str, env: dict) -> str:
+    """make's standard output; the test's own CARE_OUTPUTS / CARE_CACHE never decide."""
+    base = {k: v for k, v in os.environ.items() if k not in ("CARE_OUTPUTS", "CARE_CACHE", "OUT_ROOT", "CACHE_ROOT")}
+    proc = subprocess.run(["make", "--no-print-directory", *args], cwd=PROJECT_ROOT, capture_output=True, text=True,
+                          timeout=60, check=False, env={**base, **env})
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return proc.stdout
+
+
+def moved_roots(how: str, tmp_path: Path) -> tuple[list[str], dict, Path, Path]:
+    """(make arguments, environment, outputs root, cache root): the roots moved by the environment variables
+    every app reads, or by the Makefile's own OUT_ROOT= / CACHE_ROOT= on the command line."""
+    out, cache = tmp_path / "moved-out", tmp_path / "moved-cache"
+    if how == "env":
+        return [], {"CARE_OUTPUTS": str(out), "CARE_CACHE": str(cache)}, out, cache
+    return [f"OUT_ROOT={out}", f"CACHE_ROOT={cache}"], {}, out, cache
+
+
+@pytest.mark.parametrize("how", ["env", "make"])
+@pytest.mark.parametrize("target", TARGETS)
+def test_every_make_target_follows_the_roots(target, how, tmp_path):
+    """`make -n <target>` with the roots moved names no default folder (`make run` trained into the moved
+    root and then evaluated `outputs/train/...`: a failure, or an older run's score)."""
+    args, env, out, _ = moved_roots(how, tmp_path)
+    commands = make("-n", "-B", target, *args, env=env)  # -B: every prerequisite's commands too, setup's included
+    stale = [line.strip() for line in commands.splitlines()
+             if RELATIVE_DEFAULT.search(line) or str(PROJECT_ROOT / "outputs") in line
+             or str(PROJECT_ROOT / ".cache") in line]
+    assert not stale, f"make {target} with the roots moved still names the default folders:\n" + "\n".join(stale)
+    if target == "run":
+        assert f"ckpt={out}/train/cpu_default-me5_small/final" in commands
+
+
+@pytest.mark.parametrize("how", ["env", "make"])
+def test_make_hands_the_roots_to_every_app(how, tmp_path):
+    """What the apps read (CARE_OUTPUTS, CARE_CACHE: care/paths.py) in a recipe's environment is the moved
+    roots, so an app without out_root= on its command line (compare, study, tradeoff, build_me5, bench)
+    follows them too."""
+    args, env, out, cache = moved_roots(how, tmp_path)
+    shown = make("-s", "--eval", "show-roots: ; @echo $$CARE_OUTPUTS $$CARE_CACHE", "show-roots", *args, env=env)
+    assert shown.split() == [str(out), str(cache)]
+
+
+def test_the_study_cli_writes_under_the_moved_root(tmp_path, monkeypatch):
+    """`python -m care.training.study RUNS` without --out writes under CARE_OUTPUTS/compare, not ./outputs."""
+    from care.training.study import main
+
+    run = tmp_path / "runs" / "care_study-base-s0"
+    run.mkdir(parents=True)
+    rows = [{"step": 0, "val/map_cut_10": 0.1}, {"step": 1, "val/map_cut_10": 0.2}]
+    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    monkeypatch.setenv("CARE_OUTPUTS", str(tmp_path / "moved-out"))
+    monkeypatch.chdir(tmp_path)  # a relative default would land here
+    main([str(run)])
+    written = sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("study.json"))
+    assert len(written) == 1 and written[0].parts[:2] == ("moved-out", "compare"), written

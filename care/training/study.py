@@ -1,14 +1,15 @@
 """A recipe study's table, read from its training runs' own validation logs, so that arms are chosen on a
 selection set (validation.task, the held-out alignment slice) and never on the benchmark:
 
-    python -m care.training.study outputs/train/care_study-* [--stage stage1] [--out DIR]
+    python -m care.training.study <outputs>/train/care_study-* [--stage stage1] [--out DIR | --out-root ROOT]
 
 Each argument is a run folder (`<run>/metrics.jsonl`), or a CARE run whose `<stage>/` holds one.  A run's arm is
 its folder name without the `-s<seed>` suffix, so the seeds of an arm are averaged (mean, sd, n).  Per arm: the
 validation metric at the run's last validation and at step 0 (the same model before training), the held-out
 alignment (val/align_cos, val/align_acc) when logged, steps, and training seconds (the sum of logged step
 times; validation excluded).  Arms are sorted by the validation metric, best first.  Writes study.md and
-study.json under --out (default outputs/compare/study-<time>) and prints the table.
+study.json under --out (default <--out-root>/compare/study-<time>, the outputs root the apps take as out_root=,
+as care.evaluation.compare's) and prints the table.
 """
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ from pathlib import Path
 
 from care.data.io import atomic_open, read_jsonl, validation_metric, write_json
 from care.errors import app_errors
+from care.paths import outputs_dir
 
 SEED_SUFFIX = re.compile(r"-s(\d+)$")
 ALIGNMENT = ("val/align_cos", "val/align_acc")
@@ -90,8 +92,10 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("runs", nargs="+", type=Path)
     ap.add_argument("--stage", default="stage1", help="the CARE stage whose log is read (default stage1)")
     ap.add_argument("--out", type=Path, default=None)
+    ap.add_argument("--out-root", type=Path, default=outputs_dir(),
+                    help="the outputs root, as the apps' out_root= (default CARE_OUTPUTS, else <project>/outputs)")
     a = ap.parse_args(argv)
-    out = a.out or Path("outputs/compare") / f"study-{time.strftime('%Y%m%d-%H%M%S')}"
+    out = a.out or a.out_root / "compare" / f"study-{time.strftime('%Y%m%d-%H%M%S')}"
     with app_errors("python -m care.training.study", writes_to=out):
         rows = [run_row(folder, a.stage) for folder in a.runs if folder.is_dir()]
         entries = arms(rows)
