@@ -65,7 +65,7 @@ run: model
 	$(PY) train.py
 	$(PY) evaluate.py ckpt=$(TRAIN_RUN)/final
 
-# Every test, the ones marked slow included (under 10 minutes on 2 cores).
+# Every test, the ones marked slow included (how long it takes: README "Tests and benchmarks").
 test: setup
 	@# One torch thread per worker: two xdist workers on two cores, no oversubscription.
 	WANDB_MODE=disabled OMP_NUM_THREADS=1 $(PY) -m pytest -q -n 2 --dist loadfile
@@ -230,7 +230,7 @@ care-stage2: care-experiment
 	$(PY) -m care.evaluation.compare $(EVAL)/care_stage2 --out $(COMPARE)/care_stage2 \
 		$(foreach a,mixed $(CARE_S2_ARMS),--a s2-$(a) --b c-stage1)
 
-# The search stages at 226,000 texts and a cost model to 1M / 10M (README "Scale"); minutes, not part of
+# The search stages at 226,000 texts and a cost model to 1M / 10M (docs/scale.md); minutes, not part of
 # `make bench`.  Needs the import stage's text store (built here when missing).
 bench-scale: model
 	$(PY) -m data_pipeline stage=import

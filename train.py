@@ -5,7 +5,7 @@
     accelerate launch --multi_gpu train.py experiment=bge_m3_medical_cn trainer=multi_gpu
     python train.py model=tiny_m3 trainer.max_steps=3 validation.task=null   a smoke run
 
-Reads the training files of `python -m data_pipeline`; writes outputs/train/<run_name>/ (README, "Training").
+Reads the training files of `python -m data_pipeline`; writes outputs/train/<run_name>/ (docs/training.md, "The run folder").
 Run it again with the same config to resume from the last checkpoint.  The Hydra main returns the best
 validation metric (NaN without validation), the number a Hydra sweeper or a wandb sweep optimises.
 """

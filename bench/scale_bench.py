@@ -1,5 +1,5 @@
 """`make bench-scale`: the data pipeline's search stages at the size of the full cMedQA2 release and a cost
-model beyond it.  Writes bench/results/scale.json (README, "Scale").
+model beyond it.  Writes bench/results/scale.json (docs/scale.md).
 
 Texts: the import stage's 204,583 real texts plus planted near duplicates (data_pipeline/planted.py) up to
 226,000.  Vectors: multilingual-e5-small's document vectors where the embedding cache already has them

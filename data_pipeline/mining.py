@@ -1,5 +1,5 @@
-"""Stage "mine": hard negatives for every training example, from a similarity window (README, "Data
-pipeline", for the files it writes).
+"""Stage "mine": hard negatives for every training example, from a similarity window (docs/pipeline.md,
+"The stages", for the files it writes).
 
 The recipe (bge-m3-medical-cn, docs/facts.md s.1): encode, take each query's top-K neighbours with FAISS
 (care.retrieval.index: exact inner product over L2-normalised vectors, on GPUs when faiss-gpu sees any),

@@ -11,7 +11,7 @@ from: data lineage, base models, changed settings, portable paths) and care.expo
 Markdown sections of the body).  The YAML front matter comes from huggingface_hub's ModelCardData (never a
 hand-built YAML string).  A card holds no absolute local path (provenance.portable / scrub).
 
-Choices the card makes (README "Model cards"):
+Choices the card makes (docs/export.md, "Model cards"):
 - license: `other` (license_name `non-commercial-research`), because every shared training set is for
   non-commercial research (../shared/data/README.md); the base models' own licences (a model config's
   `license` key, per tower for CARE) are listed in the body.  A record's `license` key overrides it.

@@ -30,7 +30,7 @@ INDEX_KINDS = ("flat", "ivf", "hnsw")
 def build_index(vectors: np.ndarray, kind: str = "flat", use_gpu: bool | None = None, nlist: int | None = None,
                 nprobe: int = 32, hnsw_m: int = 32, ef_search: int = 256, seed: int = 0):
     """An inner-product index over `vectors`: `flat` (exact; the default everywhere), or FAISS's two
-    approximate families for corpora where exact search stops being affordable (README, "Scale"):
+    approximate families for corpora where exact search stops being affordable (docs/scale.md):
     `ivf` (IndexIVFFlat: `nlist` k-means cells, default 4 sqrt(N), `nprobe` searched) and `hnsw`
     (IndexHNSWFlat: `hnsw_m` links a node, `ef_search` candidates a query).  Every kind answers `search`
     and `range_search` with the same calls, so a stage swaps one for another by config alone; recall
