@@ -47,7 +47,8 @@ def test_cmedqa2_pairs_known_defect_filter(real, shared_sources):
     kinds, report = real["cmedqa2_pairs"]
     assert _rows(report) == {"dev.txt": 5475, "test.txt": 6149}
     hist = {split: {int(k): v for k, v in h.items()} for split, h in report.counts["positives_per_question"].items()}
-    # the shared data's known defects (docs/data.md, "What the import stage reads"): test 672 none / 112 one / 12 two / 101 with 3-17; dev 677 / 106 / 10; 895 and 897 questions
+    # the shared data's known defects (docs/data.md, "What the import stage reads"): test 672 none / 112 one /
+    # 12 two / 101 with 3-17; dev 677 / 106 / 10; 895 and 897 questions
     assert [hist["test"].get(k, 0) for k in (0, 1, 2)] == [672, 112, 12]
     assert sum(v for k, v in hist["test"].items() if 3 <= k <= 17) == 101 and sum(hist["test"].values()) == 897
     assert [hist["dev"].get(k, 0) for k in (0, 1, 2)] == [677, 106, 10] and sum(hist["dev"].values()) == 895
