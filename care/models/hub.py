@@ -1,8 +1,9 @@
-"""Where a model lives: a local folder or a hub id, resolved with messages that say what to do, a cheap
-digest of a folder's weights (embedding caches and training runs are keyed by it), and the one loader of a
-plain Hugging Face encoder that every model family shares."""
+"""Where a model lives: a local folder or a hub id, resolved with messages that say what to do, the digest
+of a folder's weights (embedding caches, stage fingerprints and training runs are keyed by it; whole files,
+memoised), and the one loader of a plain Hugging Face encoder that every model family shares."""
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 from pathlib import Path
@@ -10,6 +11,9 @@ from pathlib import Path
 import torch
 from torch import nn
 from transformers import AutoConfig, AutoModel
+
+from care.data.io import file_digest, read_json, write_json
+from care.paths import cache_dir
 
 # Families whose AutoModel adds a BERT pooler: no pooling mode here uses it, and a folder without one
 # (multilingual-e5-small, our M3 checkpoints) would otherwise get a random pooler, a warning and phantom
@@ -66,7 +70,10 @@ NOT_WEIGHTS = frozenset({"manifest.json", "README.md", "modules.json", "config_s
 
 
 def weights_digest(folder: str | Path) -> str:
-    """A cheap, stable digest of a model folder: names, sizes and the first/last MiB of each weight file."""
+    """A digest of a model folder's weights: the name, size and whole-content xxh3_128 of each weight file,
+    so folders that differ anywhere in their weights never share an embedding cache.  Each file's digest is
+    memoised by its identity (`_file_identity`), in this process and under the cache root, so a second look
+    at an unchanged 8 GB tower (a cached evaluation run again) reads none of it."""
     folder = Path(folder)
     if not folder.is_dir():
         return str(folder)
@@ -75,11 +82,53 @@ def weights_digest(folder: str | Path) -> str:
         if f.name in NOT_WEIGHTS:
             continue
         if f.suffix in {".safetensors", ".bin", ".pt", ".json", ".txt", ".model"} and f.is_file():
-            size = f.stat().st_size
-            h.update(f.name.encode() + str(size).encode())
-            with f.open("rb") as fh:
-                h.update(fh.read(1 << 20))
-                if size > 2 << 20:
-                    fh.seek(-(1 << 20), 2)
-                    h.update(fh.read())
+            h.update(f"{f.name}\0{f.stat().st_size}\0{_memoised_digest(f)}\n".encode())
     return h.hexdigest()[:16]
+
+
+# ---- the memo of each weight file's digest --------------------------------------------------------------
+# path -> (identity, digest) in this process; on disk one small JSON per file under <cache root>/weights-digests
+# (care.paths.cache_dir: CARE_CACHE moves it), so another process (the next evaluate.py) skips the read too.
+_MEMO: dict[str, tuple[list[int], str]] = {}
+MEMO_FOLDER = "weights-digests"
+MEMO_ENTRIES = 2000  # past this many on disk, entries of files that no longer exist (temporary folders) go
+
+
+def _file_identity(path: Path) -> list[int]:
+    """What changes when a file's bytes may have: size, mtime, inode (a file replaced by a rename, as every
+    writer here does), device, and ctime, which the kernel sets on every write and no tool can set back
+    (`cp -p` or `rsync -t` over the same inode restore the mtime, not the ctime)."""
+    st = path.stat()
+    return [st.st_size, st.st_mtime_ns, st.st_ino, st.st_dev, st.st_ctime_ns]
+
+
+def _memoised_digest(path: Path) -> str:
+    path = path.resolve()
+    identity = _file_identity(path)
+    key = str(path)
+    known = _MEMO.get(key)
+    if known is not None and known[0] == identity:
+        return known[1]
+    entry = cache_dir() / MEMO_FOLDER / f"{hashlib.sha256(key.encode()).hexdigest()[:32]}.json"
+    try:
+        stored = read_json(entry)
+        digest = stored["xxh3_128"] if stored["path"] == key and stored["identity"] == identity else None
+    except (OSError, ValueError, KeyError, TypeError):  # none yet, or torn: hash the file
+        digest = None
+    if digest is None:
+        digest = file_digest(path, "xxh3_128", chars=None)
+        with contextlib.suppress(OSError):  # a cache root that cannot be written: only slower next time
+            write_json(entry, {"path": key, "identity": identity, "xxh3_128": digest})
+            _prune(entry.parent)
+    _MEMO[key] = (identity, digest)
+    return digest
+
+
+def _prune(memo: Path) -> None:
+    entries = list(memo.glob("*.json"))
+    if len(entries) <= MEMO_ENTRIES:
+        return
+    for entry in entries:
+        with contextlib.suppress(OSError, ValueError, KeyError, TypeError):
+            if not Path(read_json(entry)["path"]).exists():
+                entry.unlink(missing_ok=True)
