@@ -23,13 +23,13 @@ left).  The counts "after" are recomputed from scratch on what is kept, not assu
 """
 from __future__ import annotations
 
-import math
 import random
 import time
 from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
+from care.data.examples import read_example_rows, write_examples
 from care.data.io import DataError, read_jsonl, read_jsonl_numbered, read_text_store, write_json, write_jsonl
 from care.data.records import Example
 from care.data.stage_cache import claim_outputs, fingerprint, mark_in_progress, up_to_date
@@ -115,31 +115,8 @@ def collect_eval_sets(input_dir: Path, specs: list[dict], texts: dict[str, str])
 
 # ---- FlagEmbedding export ----------------------------------------------------------------------------
 
-TEACHER = {"teacher_pos_scores": ("pos_scores", "pos_ids"), "teacher_neg_scores": ("neg_scores", "neg_ids")}
-
-
-def _teacher_scores(ex: dict, train_path, line: int, teacher: bool) -> dict:
-    """FlagEmbedding's {"pos_scores", "neg_scores"} from the row's teacher fields, checked: both present on
-    every row or on none (a file mixing them cannot be read with distillation on), one number per id."""
-    present = [f for f in TEACHER if f in ex]
-    if teacher and len(present) < len(TEACHER):
-        missing = next(f for f in TEACHER if f not in ex)
-        raise DataError(train_path, line, missing, "missing: the first line carries teacher scores "
-                        "(teacher_pos_scores and teacher_neg_scores), so every line must")
-    if not teacher and present:
-        raise DataError(train_path, line, present[0], "teacher scores on some lines only: the first line has "
-                        "none (teacher_pos_scores and teacher_neg_scores go on every line or on none)")
-    out = {}
-    for field, (flag_field, ids) in TEACHER.items() if teacher else ():
-        scores = ex[field]
-        if not isinstance(scores, list) or len(scores) != len(ex[ids]):
-            got = f"{len(scores)} scores" if isinstance(scores, list) else f"a {type(scores).__name__}"
-            raise DataError(train_path, line, field, f"{got} for {len(ex[ids])} {ids}: one score per id")
-        if not all(isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
-                   for x in scores):
-            raise DataError(train_path, line, field, "every teacher score must be a finite number")
-        out[flag_field] = scores
-    return out
+# FlagEmbedding's score fields, from the training file's teacher fields (never from the miner's own)
+TEACHER = {"teacher_pos_scores": "pos_scores", "teacher_neg_scores": "neg_scores"}
 
 
 def export_flag(train_path: str | Path, texts_path: str | Path, out_path: str | Path) -> int:
@@ -154,21 +131,12 @@ def export_flag(train_path: str | Path, texts_path: str | Path, out_path: str | 
     without teacher fields exports no score field at all.  Teacher fields go on every line or on none, one
     score per id: anything else is a DataError naming file, line and field."""
     texts = read_text_store(texts_path)
-
-    def rows():
-        teacher = None
-        for line, ex in read_jsonl_numbered(train_path, ("query_id", "pos_ids", "neg_ids")):
-            for fld in ("query_id", "pos_ids", "neg_ids"):
-                for tid in ex[fld] if isinstance(ex[fld], list) else [ex[fld]]:
-                    if tid not in texts:
-                        raise DataError(train_path, line, fld,
-                                        f"unknown text id {tid!r} (not in {texts_path})")
-            if teacher is None:
-                teacher = any(f in ex for f in TEACHER)
-            yield {"query": texts[ex["query_id"]], "pos": [texts[i] for i in ex["pos_ids"]],
-                   "neg": [texts[i] for i in ex["neg_ids"]], **_teacher_scores(ex, train_path, line, teacher)}
-
-    return write_jsonl(out_path, rows())
+    # The reader checks every id and the teacher fields (one number per id, every line or none).
+    examples = read_example_rows(train_path, texts, need=("neg_ids",), store=texts_path)
+    rows = ({"query": texts[ex["query_id"]], "pos": [texts[i] for i in ex["pos_ids"]],
+             "neg": [texts[i] for i in ex["neg_ids"]], **{flag: ex[f] for f, flag in TEACHER.items() if f in ex}}
+            for _, ex in examples)
+    return write_jsonl(out_path, rows)
 
 
 # ---- the stage ---------------------------------------------------------------------------------------
@@ -231,7 +199,7 @@ def run(cfg: DictConfig) -> dict:
     unlabelled = _unlabelled(c.get("unlabelled") or {}, eval_sets, texts, used, c["leakage"], input_dir)
     t_unlabelled = time.perf_counter() - t0 - t_read - t_leak
     mark_in_progress(out_dir, "build")
-    write_jsonl(out_dir / "examples.jsonl", (ex.row() for ex in final))
+    write_examples(out_dir / "examples.jsonl", (ex.row() for ex in final))
     write_jsonl(out_dir / "texts.jsonl", ({"id": tid, "text": texts[tid]} for tid in used))
     write_json(out_dir / "leakage.json", leakage)
     if unlabelled is not None:

@@ -24,15 +24,8 @@ from pathlib import Path
 import numpy as np
 from omegaconf import DictConfig, OmegaConf
 
-from care.data.io import (
-    DataError,
-    read_jsonl,
-    read_jsonl_numbered,
-    read_text_store,
-    save_figure,
-    write_json,
-    write_jsonl,
-)
+from care.data.examples import read_example_rows, write_examples
+from care.data.io import read_jsonl, read_text_store, save_figure, write_json, write_jsonl
 from care.data.stage_cache import claim_outputs, fingerprint, mark_in_progress, up_to_date
 from care.encoders import Encoder, build_encoder
 from care.encoders.cache import EmbeddingCache, embed
@@ -57,18 +50,8 @@ OUTPUTS = ("train.jsonl", "texts.jsonl", "flag_train.jsonl", "leakage.json", "ne
 
 
 def read_examples(path: Path, texts: dict[str, str]) -> list[dict]:
-    examples = []
-    for line, ex in read_jsonl_numbered(path, ("query_id", "pos_ids", "pool")):
-        for fld in ("query_id", "pos_ids"):
-            for tid in ex[fld] if fld == "pos_ids" else [ex[fld]]:
-                if tid not in texts:
-                    raise DataError(path, line, fld, f"unknown text id {tid!r} (not in the text store)")
-        if not ex["pos_ids"]:
-            raise DataError(path, line, "pos_ids", "an example with no positive")
-        examples.append(ex)
-    if not examples:
-        raise DataError(path, None, "query_id", "no training examples (no queries to mine for)")
-    return examples
+    """The build stage's examples (care.data.examples: one reader of the format), each naming its pool."""
+    return [ex for _, ex in read_example_rows(path, texts, need=("pool",))]
 
 
 def read_clusters(path: Path | None) -> tuple[dict[str, int], set[str]]:
@@ -216,7 +199,7 @@ def run(cfg: DictConfig) -> dict:
     used = dict.fromkeys(t for r in rows for t in [r["query_id"], *r["pos_ids"], *r["neg_ids"]])
     mark_in_progress(out_dir, "mine")
     write_jsonl(out_dir / "texts.jsonl", ({"id": t, "text": texts[t]} for t in used))
-    write_jsonl(out_dir / "train.jsonl", rows)
+    write_examples(out_dir / "train.jsonl", rows)
     export_flag(out_dir / "train.jsonl", out_dir / "texts.jsonl", out_dir / "flag_train.jsonl")
     write_json(out_dir / "leakage.json", json.loads((in_dir / "leakage.json").read_text("utf-8")))
 

@@ -28,7 +28,8 @@ from pathlib import Path
 import numpy as np
 from omegaconf import DictConfig, OmegaConf
 
-from care.data.io import DataError, read_jsonl_numbered, read_text_store, save_figure, write_json, write_jsonl
+from care.data.examples import read_example_rows, write_examples
+from care.data.io import read_text_store, save_figure, write_json
 from care.data.stage_cache import claim_outputs, fingerprint, mark_in_progress, up_to_date
 from data_pipeline.build import export_flag
 from data_pipeline.teachers import load_teacher, resolve_teacher, teacher_identity
@@ -39,19 +40,9 @@ RUN_SETTINGS = ("cache", "embedding_cache", "device", "batch_size", "chunk_pairs
 
 
 def read_training(path: Path, texts: dict[str, str]) -> list[dict]:
-    rows = []
-    for line, row in read_jsonl_numbered(path, ("query_id", "pos_ids", "neg_ids")):
-        for fld in ("query_id", "pos_ids", "neg_ids"):
-            ids = row[fld] if fld != "query_id" else [row[fld]]
-            if fld != "query_id" and not isinstance(ids, list):
-                raise DataError(path, line, fld, f"expected a list of text ids, got {type(ids).__name__}")
-            for tid in ids:
-                if tid not in texts:
-                    raise DataError(path, line, fld, f"unknown text id {tid!r} (not in the text store)")
-        rows.append(row)
-    if not rows:
-        raise DataError(path, None, "query_id", "no training examples (nothing to score)")
-    return rows
+    """The rows to score, as they are (care.data.examples: one reader of the format); each names its
+    negatives."""
+    return [row for _, row in read_example_rows(path, texts, need=("neg_ids",))]
 
 
 def distinct_pairs(rows: list[dict], texts: dict[str, str]) -> tuple[list[str], list[str], np.ndarray, list]:
@@ -154,7 +145,7 @@ def run(cfg: DictConfig) -> dict:
 
     mark_in_progress(out_dir, "score")
     link_or_copy(in_dir / "texts.jsonl", out_dir / "texts.jsonl")
-    write_jsonl(out_dir / "train.jsonl", scored)
+    write_examples(out_dir / "train.jsonl", scored)
     export_flag(out_dir / "train.jsonl", out_dir / "texts.jsonl", out_dir / "flag_train.jsonl")
     pos = [s for r in scored for s in r["teacher_pos_scores"]]
     neg = [s for r in scored for s in r["teacher_neg_scores"]]

@@ -130,11 +130,11 @@ def test_flag_export_teacher_fields_checked(import_dir, tmp_path):
     n_pos = len(train[0]["pos_ids"])
     cases = {
         "short": (train[:2] + [{**train[2], "teacher_neg_scores": train[2]["teacher_neg_scores"][:-1]}],
-                  r"short.jsonl, line 3, field 'teacher_neg_scores': 8 scores for 9 neg_ids"),
+                  r"short.jsonl, line 3, field 'teacher_neg_scores': 8 teacher scores for 9 neg_ids"),
         "pos": ([{**train[0], "teacher_pos_scores": [1.0, 2.0, 3.0]}],
-                rf"pos.jsonl, line 1, field 'teacher_pos_scores': 3 scores for {n_pos} pos_ids"),
+                rf"pos.jsonl, line 1, field 'teacher_pos_scores': 3 teacher scores for {n_pos} pos_ids"),
         "text": (train[:1] + [{**train[1], "teacher_pos_scores": ["high"] * len(train[1]["pos_ids"])}],
-                 r"text.jsonl, line 2, field 'teacher_pos_scores': every teacher score must be a finite"),
+                 r"text.jsonl, line 2, field 'teacher_pos_scores': teacher scores must be finite"),
         "later_missing": (train[:3] + plain[3:5],
                           r"later_missing.jsonl, line 4, field 'teacher_pos_scores': missing: the first"),
         "half": (train[:1] + [{k: v for k, v in train[1].items() if k != "teacher_neg_scores"}],

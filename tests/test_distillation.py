@@ -288,12 +288,13 @@ def test_a_distilling_run_refuses_a_file_without_teacher_scores(tmp_path, shared
 
     scored = with_teacher_scores(train, tmp_path / "scored.jsonl")
     rows = list(read_jsonl(scored))
-    del rows[5]["teacher_pos_scores"]  # one example without
-    write_jsonl(scored, rows)
-    with pytest.raises(DataError, match=r"line 6, field 'teacher_neg_scores': .*1 of 16 examples have none.*stage=score"):
+    del rows[5]["teacher_pos_scores"], rows[5]["teacher_neg_scores"]  # one example without: refused by the
+    write_jsonl(scored, rows)  # reader of the format (care/data/examples.py), distilling or not
+    with pytest.raises(DataError, match=r"line 6, field 'teacher_pos_scores': missing: the first line carries"):
         Trainer(train_config(tmp_path, texts, scored, "run2", "loss.teacher_weight=1.0"))
 
     rows[5]["teacher_pos_scores"] = [1.0] * len(rows[5]["pos_ids"])
+    rows[5]["teacher_neg_scores"] = [1.0] * len(rows[5]["neg_ids"])
     rows[7]["neg_ids"], rows[7]["neg_scores"], rows[7]["teacher_neg_scores"] = [], [], []
     write_jsonl(scored, rows)
     # an example without negatives borrows random passages, which no teacher scored: it is accepted, and

@@ -47,13 +47,13 @@ def _flat(d: dict, prefix: str = "") -> dict[str, str]:
     return out
 
 
-def _training_config(row: dict) -> tuple[dict | None, str | None]:
+def _training_config(row: dict, run: str | Path = ".") -> tuple[dict | None, str | None]:
     """The training config a model row's folder records (None for a row without a record), with
     `training_data`: the training file it read (its path as the record names it), since where the data lives
     is a run setting that recipe() leaves out while which data it is changes the weights (an ablation over
     mined files differs only there); and that file's digest, which groups runs by the data's content."""
-    path = row.get("model_path")
-    record = Path(path) / TRAINING_RECORD if path else None
+    path = row.get("model_path")  # relative to the run's folder (summary.json written before: absolute)
+    record = Path(run) / path / TRAINING_RECORD if path else None
     if record is None or not record.is_file():
         return None, None
     saved = read_json(record)
@@ -76,7 +76,7 @@ def load_rows(runs: Sequence[str | Path]) -> list[dict]:
         s = read_json(summary)
         try:
             for m in s["models"]:
-                config, digest = _training_config(m)
+                config, digest = _training_config(m, run)
                 if not config:
                     group = f"model:{m['name']}"
                 else:  # its recipe, and the training data by content when the record names its digest

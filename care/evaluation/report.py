@@ -9,6 +9,7 @@ from pathlib import Path
 from care.data.io import atomic_open, read_jsonl, save_figure, validation_metric, write_json
 from care.evaluation.benchmarks import Benchmark, average_groups
 
+from care.evaluation.run_folder import relative
 METRIC_LABELS = {"ndcg_cut": "nDCG@{}", "map_cut": "MAP@{}", "map_min_r": "MAP(min R)@{}", "mrr": "MRR@{}",
                  "success": "Hit@{}", "recall": "Recall@{}", "acc": "Acc@{}"}
 EFFICIENCY = [("online_parameters", "Online params (M)", 1e-6, 1),
@@ -148,14 +149,21 @@ def plot(path: Path, benchmarks: list[Benchmark], rows: list[dict]) -> Path:
     return path
 
 
-def write_summary(out: Path, run: str, benchmarks: list[Benchmark], rows: list[dict], settings: dict) -> str:
-    """summary.json, summary.md and slots.png in `out`; returns the Markdown table."""
+def benchmarks_json(benchmarks: list[Benchmark], out: Path) -> list[dict]:
+    """summary.json's `benchmarks`: each task's file named relative to the evaluation folder `out`."""
+    return [{"name": b.name, "label": b.label, "open_stand_in": b.open_stand_in, "avg": b.avg,
+             "tasks": {t.key: {"slot": t.slot, "type": t.type, "primary": t.primary, "source": t.source,
+                               "path": relative(t.path, out)} for t in b.tasks}} for b in benchmarks]
+
+
+def write_summary(out: Path, run: str, benchmarks: list[Benchmark], rows: list[dict], settings: dict,
+                  scoring: dict | None = None) -> str:
+    """summary.json, summary.md and slots.png in `out`; returns the Markdown table.  `scoring`: the settings
+    the rows' scores depend on (care.evaluation.run_folder: what a second run into `out` must share)."""
     text = markdown(run, benchmarks, rows, settings)
     write_json(out / "summary.json", {
-        "run": run, "settings": settings, "columns": columns(benchmarks), "models": rows,
-        "benchmarks": [{"name": b.name, "label": b.label, "open_stand_in": b.open_stand_in, "avg": b.avg,
-                        "tasks": {t.key: {"slot": t.slot, "type": t.type, "primary": t.primary, "source": t.source,
-                                          "path": t.path} for t in b.tasks}} for b in benchmarks]})
+        "run": run, "settings": settings, "scoring": scoring, "columns": columns(benchmarks), "models": rows,
+        "benchmarks": benchmarks_json(benchmarks, out)})
     with atomic_open(out / "summary.md") as fh:
         fh.write(text)
     plot(out / "slots.png", benchmarks, rows)

@@ -32,10 +32,10 @@ from pathlib import Path
 import numpy as np
 from omegaconf import DictConfig, OmegaConf, open_dict
 
+from care.data.examples import read_example_rows, write_examples
 from care.data.io import (
     atomic_folder,
     link_or_copy_tree,
-    read_jsonl,
     read_text_store,
     write_json,
     write_jsonl,
@@ -80,7 +80,7 @@ def same_text_pairs(training: str, extra: list[str], out: Path, max_extra: int |
     positive)."""
     texts = stage1_pool(training, extra, max_extra, seed)
     write_jsonl(out / "texts.jsonl", ({"id": tid, "text": text} for text, tid in texts.items()))
-    write_jsonl(out / "train.jsonl", ({"query_id": tid, "pos_ids": [tid]} for tid in texts.values()))
+    write_examples(out / "train.jsonl", ({"query_id": tid, "pos_ids": [tid]} for tid in texts.values()))
     return out / "texts.jsonl", out / "train.jsonl"
 
 
@@ -148,14 +148,14 @@ def annotated_text_pairs(training: str, examples: str, extra: list[str], out: Pa
     texts = list(pool)
     query_ids = None
     if any(id_role(tid) is None for tid in pool.values()):  # the training file, for ids without a role
-        query_ids = {str(r["query_id"]) for r in read_jsonl(examples)}
+        query_ids = {r["query_id"] for _, r in read_example_rows(examples)}
     kinds = {t: text_kind(tid, query_ids) for t, tid in pool.items()}
     held = heldout_slice(texts, opts["heldout_texts"], seed) if opts["heldout_texts"] else set()
     rest = [t for t in texts if t not in held]
     chosen = rest if opts["query_share"] is None else text_mix(rest, kinds, opts["query_share"], seed)
     write_jsonl(out / "texts.jsonl", ({"id": pool[t], "text": t, "kind": kinds[t],
                                        **({"heldout": True} if t in held else {})} for t in texts))
-    write_jsonl(out / "train.jsonl", ({"query_id": pool[t], "pos_ids": [pool[t]]} for t in chosen))
+    write_examples(out / "train.jsonl", ({"query_id": pool[t], "pos_ids": [pool[t]]} for t in chosen))
     uses = Counter(chosen)
     write_json(out / "composition.json", {
         "texts": dict(Counter(kinds.values())), "heldout": dict(Counter(kinds[t] for t in held)),

@@ -39,7 +39,8 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
-from care.data.io import DataError, read_jsonl_numbered, read_text_store
+from care.data.examples import read_example_rows
+from care.data.io import DataError, read_text_store
 
 # What writes the training files when they are missing (the usual cause: the data pipeline has not run).
 WRITTEN_BY = "python -m data_pipeline (stage mine writes outputs/data/train/)"
@@ -91,68 +92,29 @@ class TrainingGroups(Dataset):
             self.stats["with_teacher_scores"] = with_teacher
 
     def _read_examples(self, max_examples: int | None) -> list[dict]:
+        """The examples as groups are drawn from them; every row checked by the one reader of the format
+        (care.data.examples), its ids against the text store."""
         rows = []
-        for line, row in read_jsonl_numbered(self.train_path, required=("query_id", "pos_ids")):
-            if max_examples is not None and len(rows) >= max_examples:
-                break
-            problem = self._check(row)
-            if problem:
-                raise DataError(self.train_path, line, *problem)
-            teacher = None  # (positives' scores, negatives' scores) when the row has both
-            if all(row.get(f) is not None for f in TEACHER_FIELDS):
+        for line, row in read_example_rows(self.train_path, self.texts, limit=max_examples, store=self.texts_path):
+            teacher = None  # (positives' scores, negatives' scores) when the file has them
+            if TEACHER_FIELDS.keys() <= row.keys():
                 teacher = tuple([float(x) for x in row[f]] for f in TEACHER_FIELDS)
-            rows.append({"query_id": str(row["query_id"]), "pos_ids": [str(p) for p in row["pos_ids"]],
-                         "neg_ids": [str(n) for n in row.get("neg_ids") or []], "pool": row.get("pool"),
-                         "teacher": teacher, "rule": row.get("rule"), "line": line})
-        if not rows:
-            raise DataError(self.train_path, None, None, "no training examples")
+            rows.append({"query_id": row["query_id"], "pos_ids": row["pos_ids"], "neg_ids": row.get("neg_ids", []),
+                         "pool": row.get("pool"), "teacher": teacher, "rule": row.get("rule"), "line": line})
         return rows
-
-    def _check(self, row: dict) -> tuple[str, str] | None:
-        """(field, problem) for a bad row, else None."""
-        for field in ("pos_ids", "neg_ids"):
-            if field in row and not isinstance(row[field], list):
-                return field, f"expected a list of ids, got {type(row[field]).__name__}"
-        if not row["pos_ids"]:
-            return "pos_ids", "no positive"
-        unknown = f"not in the text store {self.texts_path}"
-        if str(row["query_id"]) not in self.texts:
-            return "query_id", f"unknown id {row['query_id']!r}: {unknown}"
-        for field in ("pos_ids", "neg_ids"):
-            for i in row.get(field) or []:
-                if str(i) not in self.texts:
-                    return field, f"unknown id {i!r}: {unknown}"
-        scores = row.get("neg_scores")
-        if scores is not None and len(scores) != len(row.get("neg_ids") or []):
-            return "neg_scores", f"{len(scores)} scores for {len(row.get('neg_ids') or [])} neg_ids"
-        for field, ids in TEACHER_FIELDS.items():
-            scores = row.get(field)
-            if scores is None:
-                continue
-            if not isinstance(scores, list) or len(scores) != len(row.get(ids) or []):
-                n = len(scores) if isinstance(scores, list) else type(scores).__name__
-                return field, f"{n} teacher scores for {len(row.get(ids) or [])} {ids}: one per id, in order"
-            if not all(isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) for x in scores):
-                return field, "teacher scores must be finite numbers"
-        return None
 
     def require_teacher_scores(self, key: str) -> None:
         """Refuse (one line, naming the file and what writes the scores) a file a distilling loss cannot use:
-        an example without teacher scores.  (An example without negatives is trained on borrowed random
-        passages, which have no teacher score: its group gets no distillation term, counted in `stats`
-        as without_negatives.)  `key`: the config key that asked for distillation."""
-        missing = [e for e in self.examples if e["teacher"] is None]
-        if len(missing) == len(self.examples):
+        one without teacher scores (the reader, care.data.examples, holds a file to them on every line or
+        on none).  (An example without negatives is trained on borrowed random passages, which have no
+        teacher score: its group gets no distillation term, counted in `stats` as without_negatives.)
+        `key`: the config key that asked for distillation."""
+        if all(e["teacher"] is None for e in self.examples):
             raise DataError(self.train_path, None, None,
                             f"{key} > 0 distils teacher scores, and this training file has none "
                             f"(teacher_pos_scores, teacher_neg_scores): they are written by {TEACHER_WRITTEN_BY} "
                             f"into its score.out_dir (default <data_dir>/scored); run it and train on that folder "
                             f"(data.dir=...), or set {key}=0")
-        if missing:
-            raise DataError(self.train_path, missing[0]["line"], "teacher_neg_scores",
-                            f"{key} > 0 distils teacher scores, and {len(missing)} of {len(self.examples)} examples "
-                            f"have none (this is the first): they are written by {TEACHER_WRITTEN_BY}; run it "
-                            f"again, or set {key}=0")
 
     def __len__(self) -> int:
         return len(self.examples)

@@ -26,7 +26,7 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
-from care.data.io import DataError, atomic_folder, read_jsonl, read_text_store, write_json
+from care.data.io import DataError, atomic_folder, read_text_store, write_json
 from care.data.nano import METADATA
 from care.data.sources import source_files
 from care.data.stage_cache import claim_outputs, fingerprint, up_to_date
@@ -55,6 +55,7 @@ def dense_name(opts: dict, model: dict) -> str:
 def leakage_check(selections: dict[str, Selection], build_dir: Path, opts: dict) -> dict:
     """Every Nano query and (query, positive) pair against the build stage's training texts (examples and
     unlabelled texts), by the build stage's own rule.  Returns per split the counts; a leak is an error."""
+    from care.data.examples import read_example_rows
     from care.data.records import Example
     from data_pipeline.leakage import EvalSet, LeakageDetector
 
@@ -64,7 +65,7 @@ def leakage_check(selections: dict[str, Selection], build_dir: Path, opts: dict)
                                 "(`python -m data_pipeline`, every stage), or pass nano.leakage.check=false")
     texts = read_text_store(build_dir / "texts.jsonl")
     examples = [Example(r["query_id"], r["pos_ids"], r.get("rule", ""), r.get("pool", ""))
-                for r in read_jsonl(examples_file, ("query_id", "pos_ids"))]
+                for _, r in read_example_rows(examples_file, texts, store=build_dir / "texts.jsonl")]
     unlabelled = build_dir / "unlabelled_texts.jsonl"
     if unlabelled.is_file():  # trained on as (text, text) pairs (CARE's stage I)
         extra = read_text_store(unlabelled)
