@@ -8,16 +8,19 @@
 
 Every model runs through the same task runners (care.evaluation.tasks) via the Encoder interface, with
 embeddings cached on disk (a re-run encodes nothing).  Outputs go to `out_dir` (outputs/eval/<run>/):
-<model>/<benchmark>/<task>.json, summary.json, summary.md (printed) and slots.png.  With ckpt=, every scored
-model folder this project trained (one holding care_training.json) gets its README.md model card rewritten
-with its row: the table, the gain intervals, the efficiency columns and the model-index (care.export.card).
+<model>/<benchmark>/<task>.json, summary.json, summary.md (printed) and slots.png; every path in the JSON
+files is relative to out_dir.  A second run into an out_dir that holds a summary.json adds its rows to it (a
+row of the same name is replaced) and says so; one scored on other benchmarks or settings is refused before
+any scoring (care.evaluation.run_folder; overwrite=true replaces it).  With ckpt=, every scored model folder
+this project trained (one holding care_training.json) gets the generated part of its README.md model card
+rewritten with its row: the table, the gain intervals, the efficiency columns and the model-index
+(care.export.card; the user's own text around it is kept).
 """
 from __future__ import annotations
 
 import gc
 import json
 import os
-import re
 import sys
 import time
 from pathlib import Path
@@ -33,11 +36,11 @@ from care.encoders import build_encoder
 from care.encoders.cache import EmbeddingCache
 from care.encoders.registry import TRAINING_RECORD
 from care.errors import app_errors
-from care.evaluation import corpora, efficiency
+from care.evaluation import corpora, efficiency, run_folder
 from care.evaluation.benchmarks import averages, run_task
 from care.evaluation.corpora import evaluation_model
 from care.evaluation.entries import check_model_folders, model_entries
-from care.evaluation.report import gains, plot_steps, write_summary
+from care.evaluation.report import benchmarks_json, columns, gains, plot_steps, write_summary
 from care.evaluation.significance import cell_items, gain_interval
 from care.export.card import refresh_card
 from care.retrieval.bm25 import BM25Scorer
@@ -61,10 +64,6 @@ def load_benchmarks(cfg: dict) -> list[tuple]:
     return corpora.load_benchmarks(cfg, build=builders.build)
 
 
-def _slug(text: str) -> str:
-    return re.sub(r"[^A-Za-z0-9_.-]+", "_", text).strip("_") or "model"
-
-
 def evaluate_model(entry: dict, scorer, loaded: list[tuple], cfg: dict, out: Path) -> dict:
     """Scores of one model on every task; `items` (per-query values, STS predictions) for each table cell."""
     scores, details, by_cell = {}, {}, {}
@@ -81,12 +80,13 @@ def evaluate_model(entry: dict, scorer, loaded: list[tuple], cfg: dict, out: Pat
             primary[spec.key] = per_method[method][spec.primary]
             record = {
                 "benchmark": bench.name, "task": spec.key, "slot": spec.slot, "type": spec.type,
-                "open_stand_in": bench.open_stand_in, "source": spec.source, "path": spec.path, "split": spec.split,
+                "open_stand_in": bench.open_stand_in, "source": spec.source,
+                "path": run_folder.relative(spec.path, out), "split": spec.split,
                 "model": entry["label"], "fingerprint": scorer.fingerprint, "table_method": method,
                 "primary": spec.primary, "value": 100 * primary[spec.key], "scores": per_method,
                 "counts": {k: v for k, v in data.counts.items() if k != "read"}, "reader": data.counts.get("read"),
                 "seconds": round(time.perf_counter() - start, 2), "items": items.get(method)}
-            write_json(out / _slug(entry["name"]) / bench.name / f"{spec.key}.json", record)
+            write_json(out / run_folder.slug(entry["name"]) / bench.name / f"{spec.key}.json", record)
             details[f"{bench.name}/{spec.key}"] = per_method
             if spec.slot:
                 scores[f"{bench.name}/{spec.key}"] = 100 * primary[spec.key]
@@ -98,7 +98,7 @@ def evaluate_model(entry: dict, scorer, loaded: list[tuple], cfg: dict, out: Pat
         for key, value in averages(bench, primary).items():
             scores[f"{bench.name}/{key}"] = value
     return {"name": entry["name"], "label": entry["label"], "fingerprint": scorer.fingerprint,
-            "model_path": entry.get("model", {}).get("path"), "truncate_dim": entry.get("model", {}).get("truncate_dim"),
+            "model_path": run_folder.relative(entry.get("model", {}).get("path"), out), "truncate_dim": entry.get("model", {}).get("truncate_dim"),
             "baseline": bool(entry.get("baseline")), "scores": scores, "methods": details, "items": by_cell}
 
 
@@ -132,6 +132,9 @@ def evaluate(cfg: DictConfig | dict) -> dict:
     entries = model_entries(cfg)
     check_model_folders(entries, cfg)  # before the benchmarks are read (minutes): a wrong model.path fails at once
     loaded = load_benchmarks(cfg)
+    benches = [b for b, _ in loaded]
+    key = {"benchmarks": benchmarks_json(benches, out), "columns": columns(benches), "scoring": run_folder.scoring(cfg)}
+    earlier, dropped, note = run_folder.earlier_rows(out, key, overwrite=bool(cfg.get("overwrite")))  # before scoring
     cache = EmbeddingCache(cfg["cache"]["dir"], enabled=cfg["cache"]["enabled"])
     timing_texts = efficiency_texts(loaded, cfg)
     rows = []
@@ -144,19 +147,24 @@ def evaluate(cfg: DictConfig | dict) -> dict:
         rows.append(row)
         del scorer
         gc.collect()
-    gain_intervals(rows, seed=cfg["seed"], over=cfg.get("gain_over"))
+    merged, merged_note = run_folder.merge([run_folder.with_items(out, r, key["columns"]) for r in earlier], rows)
+    gain_intervals(merged, seed=cfg["seed"], over=cfg.get("gain_over"))
     settings = {"gain_over": cfg.get("gain_over"), "max_length": cfg.get("max_length"), "batch_size": cfg["batch_size"], "depth": cfg["depth"],
                 "table_method": cfg["table_method"], "cache": cfg["cache"]["enabled"],
                 "embeddings_encoded": cache.misses, "embeddings_from_cache": cache.hits,
                 "seconds": round(time.perf_counter() - start, 1),
                 # timings mean little on a busy machine: the 1-minute load average says how busy it was
                 "load_average_1m": round(os.getloadavg()[0], 1), "cpus": os.cpu_count()}
-    table = write_summary(out, run, [b for b, _ in loaded], rows, settings)
+    table = write_summary(out, run, benches, merged, settings, key["scoring"])
+    run_folder.drop_folders(out, dropped, [r["name"] for r in rows])
     cards = refresh_cards(entries, rows, out / "summary.json") if cfg.get("ckpt") else []
     if cfg.get("ckpt") and (curve := plot_steps(out / "steps.png", [b for b, _ in loaded], rows,
                                                 Path(cfg["ckpt"]).expanduser() / "metrics.jsonl")):
         print(f"scores against the training step: {curve}")
     print(table)
+    for line in (note, merged_note):
+        if line:
+            print(line)
     print(f"written to {out}")
     for card in cards:
         print(f"model card: {card}")

@@ -22,6 +22,7 @@ the same.  Under accelerate only the main process takes the lock and holds it fo
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import os
@@ -216,9 +217,29 @@ def release_lock_after(method):
 
 
 def locked_out_dir(run, key: str = "out_dir", kind: str = "evaluation"):
-    """`run(cfg)` holding the lock of cfg[key] (evaluate.py's main), released when it returns or raises."""
+    """`run(cfg)` holding the lock of cfg[key] (evaluate.py's main), released when it returns or raises.
+    A run that fails having written nothing leaves the folder as it found it: the lock file it added is
+    unlinked while still held (a process opening the path after that creates a new file; none can share the
+    old one), and a folder it created is removed, so a failed evaluation leaves no out_dir holding only
+    `.run.lock`."""
     @functools.wraps(run)
     def wrapper(cfg):
-        with RunLock(Path(cfg[key]), kind, force=bool(cfg.get(FORCE_KEY, False))):
-            return run(cfg)
+        folder = Path(cfg[key])
+        before = set(os.listdir(folder)) if folder.is_dir() else None
+        lock = RunLock(folder, kind, force=bool(cfg.get(FORCE_KEY, False))).acquire()
+        try:
+            result = run(cfg)
+        except BaseException:
+            added = set(os.listdir(folder)) - (before or set()) if folder.is_dir() else set()
+            if added <= {LOCK_NAME, lock.info.name}:
+                if LOCK_NAME in added:
+                    lock.path.unlink(missing_ok=True)
+                lock.release()
+                if before is None:
+                    with contextlib.suppress(OSError):  # not empty: another run has just taken the folder
+                        folder.rmdir()
+            raise
+        finally:
+            lock.release()
+        return result
     return wrapper

@@ -8,8 +8,8 @@ from pathlib import Path
 
 from care.data.io import atomic_open, read_jsonl, save_figure, validation_metric, write_json
 from care.evaluation.benchmarks import Benchmark, average_groups
-
 from care.evaluation.run_folder import relative
+
 METRIC_LABELS = {"ndcg_cut": "nDCG@{}", "map_cut": "MAP@{}", "map_min_r": "MAP(min R)@{}", "mrr": "MRR@{}",
                  "success": "Hit@{}", "recall": "Recall@{}", "acc": "Acc@{}"}
 EFFICIENCY = [("online_parameters", "Online params (M)", 1e-6, 1),
