@@ -42,7 +42,8 @@ def model_config(name: str, app_config: Mapping | None = None) -> dict:
 # Settings of a training config that do not change the trained weights (where a run writes, how it logs
 # and saves): a run may resume with other values (care/training/checkpoint.py), and runs differing only
 # in these share a recipe.
-RUN_SETTINGS = ("trainer.resume", "trainer.max_steps_this_session", "trainer.num_workers", "trainer.log_every",
+RUN_SETTINGS = ("trainer.resume", "trainer.resume_unverified", "trainer.max_steps_this_session",
+                "trainer.num_workers", "trainer.log_every",
                 "trainer.checkpoint_every", "trainer.keep_checkpoints", "validation.batch_size", "wandb",
                 "overwrite", "lock_force", *ROOT_KEYS, "cache", "output_dir", "run_name", "experiment_name", "hydra", "data.dir", "data.texts",
                 "data.examples")

@@ -1,5 +1,6 @@
-"""Checkpoint manifests: a corrupted or truncated checkpoint is named and never resumed silently; resume=auto
-falls back to the newest checkpoint that verifies and still ends with an uninterrupted run's weights."""
+"""Checkpoint manifests: a corrupted or truncated checkpoint is named and never resumed silently, one without a
+manifest only with trainer.resume_unverified=true; resume=auto falls back to the newest checkpoint that
+verifies and still ends with an uninterrupted run's weights."""
 from __future__ import annotations
 
 import json
@@ -76,20 +77,28 @@ def test_no_checkpoint_verifies_is_one_line(setup, capsys):
     assert folder.exists()  # nothing moved when nothing verifies
 
 
-def test_checkpoint_without_manifest(setup, capsys):
-    """Written before manifests: accepted with a notice; a file of it that cannot be read is named, one line."""
+def test_checkpoint_without_manifest_is_refused_unless_asked(setup, capsys):
+    """Written before manifests (or its manifest lost): it cannot be verified, so it is refused, in one line
+    naming it and the setting that accepts it; trainer.resume_unverified=true resumes from it with a notice.
+    A file of an accepted one that cannot be read is still named, one line."""
     root, cfg, _ = setup
     Trainer(cfg("legacy", "trainer.max_steps_this_session=2")).fit()
     folder = root / "legacy/checkpoints/step-0000002"
     (folder / MANIFEST).unlink()
+    for extra in ((), (f"trainer.resume={folder}",)):  # resume=auto, and the checkpoint named
+        with pytest.raises(ResumeError) as e:
+            Trainer(cfg("legacy", *extra))
+        message = str(e.value)
+        assert "\n" not in message and str(folder) in message and "trainer.resume_unverified=true" in message, message
     capsys.readouterr()
-    trainer = Trainer(cfg("legacy"))
+    trainer = Trainer(cfg("legacy", "trainer.resume_unverified=true"))
     assert trainer.step == 2
     trainer.run_lock.release()
     del trainer
-    assert "cannot be verified" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "cannot be verified" in err and "trainer.resume_unverified=true" in err, err
     state = folder / "state.pt"
     state.write_bytes(state.read_bytes()[:1000])
     with pytest.raises(ResumeError) as e:
-        Trainer(cfg("legacy"))
+        Trainer(cfg("legacy", "trainer.resume_unverified=true"))
     assert "\n" not in str(e.value) and str(state) in str(e.value), str(e.value)

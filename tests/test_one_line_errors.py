@@ -183,3 +183,34 @@ def test_a_json_error_without_a_file_is_still_one_line(capsys):
         json.loads("{")
     assert exit_.value.code == 1
     _one_line(capsys.readouterr().err, "x: error: invalid JSON (line 1")
+
+
+def test_a_corrupt_training_record_is_named(tmp_path, shared, capsys):
+    """train.py run again over a run folder whose final/care_training.json is corrupt: the file is named."""
+    from _training_helpers import make_training_files, train_config
+
+    import train
+
+    texts, examples = make_training_files(tmp_path, shared, n_questions=16)
+    cfg = train_config(tmp_path, texts, examples, "run")
+    record = tmp_path / "run" / "final" / "care_training.json"
+    record.parent.mkdir(parents=True)
+    record.write_text('{\n  "config_hash', encoding="utf-8")
+    with pytest.raises(SystemExit) as exit_:
+        train.main(cfg)
+    assert exit_.value.code == 1
+    _one_line(capsys.readouterr().err, "train.py: error:", str(record), "line 2")
+
+
+def test_a_truncated_head_file_is_named(tmp_path, capsys):
+    """An M3 folder whose colbert_linear.pt is cut short, loaded as evaluate.py loads a model: the file is named."""
+    from care.encoders import build_encoder
+    from care.models.m3 import tiny_m3
+
+    folder = tiny_m3().save(tmp_path / "m3")
+    head = folder / "colbert_linear.pt"
+    head.write_bytes(head.read_bytes()[:300])
+    with pytest.raises(SystemExit) as exit_, app_errors("evaluate.py"):
+        build_encoder({"kind": "m3", "path": str(folder)}, device="cpu")
+    assert exit_.value.code == 1
+    _one_line(capsys.readouterr().err, "evaluate.py: error:", str(head), "truncated")

@@ -1,13 +1,18 @@
 """Checkpoint/resume: a run killed mid-way and resumed ends with exactly the weights of an uninterrupted run."""
 from __future__ import annotations
 
+import shutil
+import tempfile
+from pathlib import Path
+
 import pytest
 import torch
 from _training_helpers import make_training_files, train_config
 from safetensors.torch import load_file
 
 import care.training.checkpoint as checkpoint_mod
-from care.data.io import read_jsonl
+from care.data.io import DataError, read_jsonl
+from care.training.runlog import RunLog
 from care.training.trainer import AlreadyFinished, ResumeError, Trainer
 
 
@@ -98,6 +103,54 @@ def test_refuses_another_configs_checkpoint_and_a_finished_run(setup):
         Trainer(cfg("other"))
     with pytest.raises(ResumeError, match="final model of another run"):
         Trainer(cfg("other", "trainer.lr=0.001"))
+
+
+def test_a_kill_during_a_checkpoint_write_leaves_no_temporary_folder_for_ever(setup, capsys):
+    """kill -9 inside atomic_folder (care/data/io.py) leaves its temporary folder, `.step-N.<random>` beside
+    the checkpoints (`.best.<random>` beside best/); the next start of the run, holding the run folder's lock,
+    removes them and says how much; a checkpoint moved aside as corrupt is kept for the user to look at."""
+    root, cfg, reference = setup
+    Trainer(cfg("torn-write", "trainer.max_steps_this_session=2")).fit()
+    checkpoints = root / "torn-write" / "checkpoints"
+    stale = [Path(tempfile.mkdtemp(prefix=".step-0000004.", dir=checkpoints)),
+             Path(tempfile.mkdtemp(prefix=".best.", dir=checkpoints.parent))]
+    shutil.copytree(checkpoints / "step-0000002", stale[0] / "model", dirs_exist_ok=True)
+    (stale[1] / "model.safetensors").write_bytes(b"\0" * 1000)
+    aside = checkpoints / ".corrupt-step-0000008"
+    aside.mkdir()
+    capsys.readouterr()
+    Trainer(cfg("torn-write")).fit()
+    err = capsys.readouterr().err
+    assert not any(p.exists() for p in stale) and aside.exists()
+    assert "removed what 2 interrupted writes left" in err and stale[0].name in err and "MB" in err, err
+    assert_same(final_weights(root / "torn-write"), reference)
+
+
+def test_a_torn_last_line_of_the_log_is_dropped_with_a_message(setup, capsys):
+    """kill -9 while a row is appended to metrics.jsonl leaves the last line cut short (no newline): the resume
+    drops it with a message naming the file and line, and the log ends continuous; a bad line with its
+    newline (not a cut-short write) is still an error."""
+    root, cfg, reference = setup
+    with pytest.raises(Crash):
+        Trainer(cfg("torn-log"), callbacks=[crash_after(3)]).fit()
+    log = root / "torn-log" / "metrics.jsonl"
+    lines = log.read_text(encoding="utf-8").count("\n")
+    with log.open("a", encoding="utf-8") as fh:
+        fh.write('{"step": 4, "loss/loss": 12.5, "lr": 0.0')
+    capsys.readouterr()
+    Trainer(cfg("torn-log")).fit()
+    assert f"{log}, line {lines + 1}" in capsys.readouterr().err
+    assert [r["step"] for r in read_jsonl(log) if "loss/loss" in r] == list(range(1, 7))
+    assert_same(final_weights(root / "torn-log"), reference)
+
+    class MainProcess:
+        is_main_process = True
+
+    bad = root / "bad-log"
+    bad.mkdir()
+    (bad / "metrics.jsonl").write_text('{"step": 1}\n{"step": 2, "lo\n', encoding="utf-8")
+    with pytest.raises(DataError, match="line 2"):
+        RunLog(bad, MainProcess(), None, "hash").keep_until(1)
 
 
 @pytest.mark.slow

@@ -12,7 +12,7 @@ import torch
 from torch import nn
 from transformers import AutoConfig, AutoModel
 
-from care.data.io import file_digest, read_json, write_json
+from care.data.io import DataError, file_digest, read_json, write_json
 from care.paths import cache_dir
 
 # Families whose AutoModel adds a BERT pooler: no pooling mode here uses it, and a folder without one
@@ -54,6 +54,16 @@ def local_folder(name_or_path: str | Path, build_hint: str = "") -> Path:
 
     return Path(snapshot_download(resolved, ignore_patterns=["onnx/*", "*.onnx", "flax_model.msgpack",
                                                              "rust_model.ot", "tf_model.h5", "imgs/*"]))
+
+
+def read_torch(path: str | Path):
+    """torch.load(weights_only=True) on the CPU; a file that cannot be read (truncated, corrupt, missing) is a
+    DataError naming it, so the app's one-line error says which file (care/errors.py)."""
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as e:  # noqa: BLE001 (truncated zip, bad pickle, missing file: all say which file)
+        first = str(e).strip().splitlines()[0] if str(e).strip() else ""
+        raise DataError(path, None, None, f"cannot be read, corrupt or truncated ({type(e).__name__}: {first})") from None
 
 
 def load_encoder_model(folder: str | Path, dtype: torch.dtype | None = None) -> nn.Module:

@@ -32,7 +32,7 @@ from transformers import AutoTokenizer
 
 from care.data.io import atomic_folder
 from care.models import HEADS
-from care.models.hub import load_encoder_model, local_folder
+from care.models.hub import load_encoder_model, local_folder, read_torch
 from care.models.pooling import pool
 
 HEAD_FILES = ("colbert_linear.pt", "sparse_linear.pt")
@@ -136,7 +136,7 @@ class M3Model(nn.Module):
                 f"use randomly initialised heads here; we refuse. To start training from a plain encoder, "
                 f"write fresh heads first: python -m care.models.m3 init OUT --backbone {folder}")
         backbone = load_encoder_model(folder, dtype)
-        heads = [torch.load(folder / f, map_location="cpu", weights_only=True) for f in HEAD_FILES]
+        heads = [read_torch(folder / f) for f in HEAD_FILES]  # a truncated one named (DataError)
         colbert = nn.Linear(heads[0]["weight"].shape[1], heads[0]["weight"].shape[0], dtype=backbone.dtype)
         sparse = nn.Linear(heads[1]["weight"].shape[1], 1, dtype=backbone.dtype)
         colbert.load_state_dict(heads[0])

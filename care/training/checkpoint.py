@@ -19,9 +19,13 @@ Resume verifies it (sizes, then digests) before loading anything.  `trainer.resu
 checkpoint that verifies; newer ones that fail are named (checkpoint and file) and moved aside to
 checkpoints/.corrupt-step-N (so they never shadow the checkpoints the resumed run writes; delete them once
 looked at), and the run says which one it used instead.  None verifies: a ResumeError naming each folder and
-file.  An explicit `trainer.resume=PATH` that fails is refused (ResumeError).  A checkpoint written before
-manifests existed (no manifest.json) is accepted with a notice that it cannot be verified; a file of it that
-cannot be read is a ResumeError naming the file.  A resumed run prints "resumed from <folder> at step N".
+file.  An explicit `trainer.resume=PATH` that fails is refused (ResumeError).  A checkpoint without manifest.json
+(written before manifests existed, or its manifest lost) cannot be verified and is refused, in one line that
+names it and `trainer.resume_unverified=true`, which accepts it with a notice; a file of it that cannot be read
+is a ResumeError naming the file.  A resumed run prints "resumed from <folder> at step N".
+
+What a run killed inside an atomic write left (`checkpoints/.step-N.<random>`, a checkpoint's size) is removed,
+with a note of its size, by the run's next start, which holds the folder's lock (RunFolder.clean_stale).
 """
 from __future__ import annotations
 
@@ -39,9 +43,9 @@ from accelerate.utils import broadcast_object_list, gather_object
 from omegaconf import DictConfig, OmegaConf
 
 from care.config import recipe
-from care.data.io import atomic_folder, file_digest
+from care.data.io import DataError, atomic_folder, file_digest, read_json
 from care.encoders.registry import CHECKPOINT_MODEL, TRAINING_RECORD
-from care.models.hub import weights_digest
+from care.models.hub import read_torch, weights_digest
 
 # What a run folder holds besides its checkpoints (overwrite=true removes all of it).
 RUN_OUTPUTS = ("checkpoints", "best", "tuned", "final", "metrics.jsonl", "curves.png")
@@ -150,10 +154,13 @@ class RunFolder:
         self.out, self.hash, self.accelerator = Path(out), config_hash, accelerator
 
     def check(self, overwrite: bool) -> None:
-        """Refuse a folder holding another run's final model; skip this run's own; clear it on overwrite."""
+        """Refuse a folder holding another run's final model; skip this run's own; clear it on overwrite.
+        Called with the run folder's lock held: what interrupted writes left is removed first."""
+        if self.accelerator.is_main_process:
+            self.clean_stale()
         info = self.out / "final" / TRAINING_RECORD
         if info.exists() and not overwrite:
-            record = json.loads(info.read_text(encoding="utf-8"))
+            record = read_json(info)  # a corrupt record: a DataError naming the file and the line
             theirs = record.get("config_hash")
             if theirs == self.hash:
                 validation = record.get("validation") or {}
@@ -167,6 +174,19 @@ class RunFolder:
                 path = self.out / name
                 shutil.rmtree(path) if path.is_dir() else path.unlink(missing_ok=True)
         self.accelerator.wait_for_everyone()
+
+    def clean_stale(self) -> None:
+        """atomic_folder's / atomic_open's `.NAME.<random>` (`.NAME.old-<pid>` mid-swap; care/data/io.py) beside
+        each output and checkpoint.  Only with the lock held (no live writer); `.corrupt-step-N` is kept."""
+        stale = [p for p in self.out.glob(".*") if p.name.startswith(tuple(f".{n}." for n in RUN_OUTPUTS))]
+        stale += sorted((self.out / "checkpoints").glob(".step-*"))
+        if not stale:
+            return
+        size = sum(f.stat().st_size for p in stale for f in ([p] if p.is_file() else p.rglob("*")) if f.is_file())
+        for path in stale:
+            shutil.rmtree(path) if path.is_dir() and not path.is_symlink() else path.unlink()
+        _say(f"note: removed what {len(stale)} interrupted write{'s' if len(stale) > 1 else ''} left in {self.out} "
+             f"({size / 1e6:.1f} MB): {', '.join(p.name for p in stale)}")
 
     def checkpoints(self) -> list[Path]:
         return sorted((self.out / "checkpoints").glob("step-[0-9]*[0-9]"))
@@ -192,16 +212,16 @@ class RunFolder:
         acc.wait_for_everyone()
         return final
 
-    def resume_point(self, resume) -> Path | None:
+    def resume_point(self, resume, unverified: bool = False) -> Path | None:
         """`trainer.resume`: auto = the newest checkpoint that verifies, if any; a path (verified, or refused);
-        null = never.  The main process verifies and every process gets its choice (or its error)."""
+        null = never; one without a manifest only if `unverified`.  The main process decides for all."""
         if not resume:
             return None
         acc = self.accelerator
         choice = [None, None]  # folder, error message
         if acc.is_main_process:
             try:
-                found = self._choose(resume) if resume != "auto" or self.checkpoints() else None
+                found = self._choose(resume, unverified) if resume != "auto" or self.checkpoints() else None
                 choice[0] = str(found) if found else None
             except ResumeError as e:
                 choice[1] = str(e)
@@ -211,7 +231,7 @@ class RunFolder:
             raise ResumeError(choice[1])
         return Path(choice[0]) if choice[0] else None
 
-    def _choose(self, resume) -> Path:
+    def _choose(self, resume, unverified: bool) -> Path:
         if resume != "auto":
             folder = Path(resume)
             try:
@@ -219,7 +239,7 @@ class RunFolder:
             except CheckpointInvalid as e:
                 raise CheckpointInvalid(f"trainer.resume={resume}: {e}; refusing to resume from it") from None
             if not verified:
-                _say(f"note: checkpoint {folder} has no {MANIFEST} (written before manifests): it cannot be verified")
+                _unverifiable(folder, unverified)
             return folder
         failed = []
         for folder in reversed(self.checkpoints()):
@@ -230,7 +250,7 @@ class RunFolder:
                 _say(f"warning: {e}")
                 continue
             if not verified:
-                _say(f"note: checkpoint {folder} has no {MANIFEST} (written before manifests): it cannot be verified")
+                _unverifiable(folder, unverified)
             for bad, _ in failed:  # newer than the one used: the resumed run rewrites those steps
                 aside = bad.with_name(f".corrupt-{bad.name}")
                 shutil.rmtree(aside, ignore_errors=True)
@@ -262,10 +282,18 @@ class RunFolder:
         return state
 
 
+def _unverifiable(folder: Path, accept: bool) -> None:
+    """A checkpoint without a manifest: refused, or (trainer.resume_unverified=true) taken with a notice."""
+    why = f"checkpoint {folder} has no {MANIFEST} (written before manifests, or it was lost): it cannot be verified"
+    if not accept:
+        raise ResumeError(f"{why}, so it is not resumed. Pass trainer.resume_unverified=true to resume from it "
+                          f"anyway, or trainer.resume=null or overwrite=true to start over")
+    _say(f"note: {why}; resuming from it as trainer.resume_unverified=true asks")
+
+
 def _read(path: Path):
-    """torch.load(weights_only=True), a file that cannot be read named in one line."""
+    """care.models.hub.read_torch: a file that cannot be read is named in one line."""
     try:
-        return torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as e:  # noqa: BLE001 (truncated zip, bad pickle, missing file: all say which file)
-        raise CheckpointInvalid(f"checkpoint file {path} cannot be read ({type(e).__name__}: "
-                                f"{str(e).splitlines()[0] if str(e) else ''})") from None
+        return read_torch(path)
+    except DataError as e:
+        raise CheckpointInvalid(f"checkpoint file {e}") from None

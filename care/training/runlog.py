@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 from pathlib import Path
 
 import psutil
@@ -58,9 +59,29 @@ class RunLog:
     def keep_until(self, step: int | None) -> None:
         """Drop rows past `step` (a resumed run recomputes them; None drops all), main process only."""
         if self.accelerator.is_main_process and self.path.exists():
+            self.drop_torn_row()
             rows = [r for r in self.rows() if step is not None and r["step"] <= step]
             with atomic_open(self.path) as fh:
                 fh.writelines(json.dumps(r) + "\n" for r in rows)
+
+    def drop_torn_row(self) -> None:
+        """A kill during `log`'s append leaves the last row cut short, without its newline (each row is one
+        write ending in one): drop it, saying so.  A bad line that ends in a newline is no torn write and
+        stays an error (read_jsonl names it)."""
+        data = self.path.read_bytes()
+        if not data or data.endswith(b"\n"):
+            return
+        head, newline, tail = data.rpartition(b"\n")
+        try:
+            json.loads(tail)
+            return  # whole, only its newline missing: kept (keep_until rewrites the file)
+        except ValueError:
+            pass
+        line = head.count(b"\n") + 2 if newline else 1
+        with atomic_open(self.path, "wb") as fh:
+            fh.write(head + newline)
+        print(f"note: {self.path}, line {line}: a row cut short by a killed run ({len(tail)} bytes, no newline) "
+              f"is dropped; the run goes on from its last checkpoint", file=sys.stderr, flush=True)
 
     def plot(self, validation_metric: str | None) -> Path:
         """curves.png: each loss term, the learning rate and the validation metric against the step."""

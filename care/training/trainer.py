@@ -129,7 +129,7 @@ class Trainer:
         self.step = self.epoch = self.batch_in_epoch = 0
         self.stop_reason = ""
         self.provenance: dict | None = None  # base models and data lineage, read once (model_saving.training_record)
-        start = self.folder.resume_point(t.resume)
+        start = self.folder.resume_point(t.resume, t.get("resume_unverified", False))
         if start is not None:
             self.resume(start)
         else:
