@@ -1,5 +1,6 @@
 """Shared by the mining tests: the top-K, a CSV reader, the real config composed once, a JSON Lines reader,
-and the per-example walk the vectorised selection (data_pipeline/negatives.py) must reproduce."""
+and the selection of hard negatives (data_pipeline/negatives.py) restated from its documented rules, which
+the vectorised PoolMiner must reproduce exactly."""
 
 from __future__ import annotations
 
@@ -7,8 +8,6 @@ import csv
 import functools
 import json
 import math
-import random
-from collections import defaultdict
 from pathlib import Path
 
 import numpy as np
@@ -61,106 +60,104 @@ def read_build(build_dir: Path) -> tuple[dict, list[dict], dict[str, set], set]:
     return texts, examples, cluster, removed
 
 
-class ReferenceWalk:
-    """data_pipeline/negatives.py's PoolMiner before the selection was vectorised, verbatim but for the
-    per-example cap (two conditions, marked): a Python walk down each example's neighbours
-    (PoolMiner.mine_all must give exactly its output)."""
+class ReferenceSelection:
+    """The selection of hard negatives stated from the rules in the docstrings of data_pipeline/negatives.py
+    and pool_candidates.py, as list operations on one example at a time; written independently of PoolMiner
+    (no walk, no slots or integer tables), so that a slip in its loop is not repeated here.
+
+    Exclusions (pool_candidates.py): never a negative of example i: a positive of any example asking the
+    same question as i (same query id, same normalised query text, or query in the same dedup cluster; i
+    itself included), a member of the dedup cluster of one of i's positives, a text equal after
+    normalisation to any of these, a text dedup removed.  Selection (negatives.py): along the example's
+    top-K row (scores rounded to 6 decimals, descending), neighbours scoring >= hi or above the example's cap
+    are skipped; the usable candidates of the rest, each id at its first offer, are taken in row order:
+    the first max_negatives of those in [lo, hi); when the window holds fewer than max_negatives and
+    fewer than min_negatives, the walk goes on below lo neighbour by neighbour until the two together
+    reach min_negatives, and (`below` fallback) those first ones below lo fill up to min_negatives; then
+    (`random` fallback) one rng.shuffle of the indices of every candidate below hi and not above the cap,
+    taken in that order, usable and not yet met, fill up to min_negatives."""
 
     def __init__(self, examples: list[dict], texts: dict[str, str], cluster_of: dict[str, int],
                  removed: set[str], similarity: str):
         norm = Normalizer()
-        self.norm = {tid: norm(texts[tid]) for ex in examples for tid in [ex["query_id"], *ex["pos_ids"]]}
+        self.text_of = functools.cache(lambda tid: norm(texts[tid]) if tid in texts else None)
         self.removed = removed
-        # Examples asking the same question: same query id, same normalised text, or same dedup cluster.
-        groups: dict[tuple, list[int]] = defaultdict(list)
-        for i, ex in enumerate(examples):
-            q = ex["query_id"]
-            for key in (("id", q), ("text", self.norm[q]), ("cluster", cluster_of.get(q))):
-                if key[1] is not None:
-                    groups[key].append(i)
-        same_question = [set() for _ in examples]
-        for members in groups.values():
-            for i in members:
-                same_question[i].update(members)
-        members_of = defaultdict(set)
-        for tid, c in cluster_of.items():
-            members_of[c].add(tid)
-        # Per example, what may never be its negative: every positive of an example asking the same
-        # question (its own included), every member of a positive's cluster, and their normalised texts.
+        queries = [ex["query_id"] for ex in examples]
+
+        def same_question(a: str, b: str) -> bool:
+            return (a == b or self.text_of(a) is not None and self.text_of(a) == self.text_of(b)
+                    or (cluster_of.get(a) is not None and cluster_of.get(a) == cluster_of.get(b)))
+
         self.excluded, self.excluded_text = [], []
-        for i, ex in enumerate(examples):
-            ids = {p for j in same_question[i] for p in examples[j]["pos_ids"]}
-            for p in ex["pos_ids"]:
-                ids |= members_of.get(cluster_of.get(p), set())
+        for ex in examples:
+            ids = {p for other, q in zip(examples, queries) if same_question(ex["query_id"], q)
+                   for p in other["pos_ids"]}
+            ids |= {t for p in ex["pos_ids"] if cluster_of.get(p) is not None
+                    for t, c in cluster_of.items() if c == cluster_of[p]}
             self.excluded.append(ids)
-            self.excluded_text.append({self.norm[p] for p in ids if p in self.norm})
-        if similarity == "question":
-            self.candidates = [ex["pos_ids"] for ex in examples]
-        else:
+            self.excluded_text.append({self.text_of(t) for t in ids} - {None})
+        if similarity == "question":  # neighbour j is example j's query and offers its positives
+            self.candidates = [list(ex["pos_ids"]) for ex in examples]
+        else:  # neighbour j is the pool's j-th distinct positive that dedup kept
             self.docs = list(dict.fromkeys(p for ex in examples for p in ex["pos_ids"] if p not in removed))
             self.candidates = [[d] for d in self.docs]
 
     def usable(self, i: int, tid: str) -> bool:
-        return (tid not in self.excluded[i] and tid not in self.removed
-                and self.norm.get(tid) not in self.excluded_text[i])
+        return (tid not in self.removed and tid not in self.excluded[i]
+                and self.text_of(tid) not in self.excluded_text[i])
 
-    def mine(self, i: int, scores: np.ndarray, neighbours: np.ndarray, all_scores, lo: float, hi: float,
-             max_neg: int, min_neg: int, fallback: list[str], rng: random.Random,
-             cap: float = math.inf) -> Mined:
-        """Example i, given its neighbours (descending scores; -1 = none) and `all_scores(i)`, its
-        similarity to every candidate (only computed when the random fallback is needed).  Scores are
-        rounded to 6 decimals before the window test, so the stored score is the one tested.  `cap`: this
-        example's positive-aware cap (a score above it is never taken)."""
-        window, below, seen = [], [], set()
-        for s, j in zip(np.round(scores.astype(np.float64), 6).tolist(), neighbours.tolist()):
-            if len(window) >= max_neg or (s < lo and len(window) + len(below) >= min_neg):
-                break  # scores only fall from here on: nothing further would be stored
-            if j < 0 or s >= hi or s > cap:  # the cap: a score above it is skipped like one >= hi
-                continue
-            for tid in self.candidates[j]:
-                if tid not in seen and self.usable(i, tid) and len(window) < max_neg:
-                    seen.add(tid)
-                    (window if s >= lo else below).append((tid, s))
-        negs, in_window = window, len(window)
-        filled = 0
-        if len(negs) < min_neg and "below" in fallback:
-            extra = below[:min_neg - len(negs)]
-            negs, filled = negs + extra, filled + len(extra)
+    def _offers(self, i: int, scores, neighbours, keep) -> list[tuple[int, str, float]]:
+        """(position, id, rounded score) of every usable candidate at the positions of row i whose score
+        passes `keep`, each id at its first offer, in row order."""
+        rounded = np.round(np.asarray(scores, np.float64), 6).tolist()
+        offers = [(pos, tid, s) for pos, (s, j) in enumerate(zip(rounded, np.asarray(neighbours).tolist()))
+                  if j >= 0 and keep(s) for tid in self.candidates[j] if self.usable(i, tid)]
+        first = {}
+        for pos, tid, s in offers:
+            first.setdefault(tid, (pos, tid, s))
+        return list(first.values())
+
+    def select(self, i, scores, neighbours, all_scores, lo, hi, max_neg, min_neg, fallback, rng,
+               cap=math.inf) -> Mined:
+        offers = self._offers(i, scores, neighbours, lambda s: s < hi and s <= cap)
+        window = [o for o in offers if o[2] >= lo]
+        below = [o for o in offers if o[2] < lo]
+        taken = window[:max(max_neg, 0)]
+        met = {tid for _, tid, _ in taken}
+        if len(window) < max_neg and len(window) < min_neg:
+            short = min_neg - len(window)  # the walk below lo stops at the first neighbour reached with
+            met |= {tid for pos, tid, _ in below if sum(o[0] < pos for o in below) < short}  # enough met
+            if "below" in fallback:
+                taken = taken + below[:short]
+        negs = [(tid, s) for _, tid, s in taken]
+        in_window, filled = min(len(window), max(max_neg, 0)), len(taken) - min(len(window), max(max_neg, 0))
         if len(negs) < min_neg and "random" in fallback:
-            sims = np.round(all_scores(i).astype(np.float64), 6)
-            order = np.flatnonzero((sims < hi) & (sims <= cap)).tolist()  # the cap, in the fallback too
+            sims = np.round(np.asarray(all_scores(i), np.float64), 6)
+            order = [j for j in range(len(sims)) if sims[j] < hi and sims[j] <= cap]
             rng.shuffle(order)
-            for j in order:
-                if len(negs) >= min_neg:
-                    break
-                for tid in self.candidates[j]:
-                    if len(negs) < min_neg and tid not in seen and self.usable(i, tid):
-                        seen.add(tid)
-                        negs.append((tid, float(sims[j])))
-                        filled += 1
+            drawn = [(tid, float(sims[j])) for j in order for tid in self.candidates[j]
+                     if tid not in met and self.usable(i, tid)]
+            first: dict[str, float] = {}
+            for tid, s in drawn:  # each id at its first draw
+                first.setdefault(tid, s)
+            extra = list(first.items())[:min_neg - len(negs)]
+            negs, filled = negs + extra, filled + len(extra)
         return Mined([t for t, _ in negs], [s for _, s in negs], filled, in_window)
 
     def mine_all(self, scores, neighbours, all_scores, lo, hi, max_neg, min_neg, fallback, rng, cap=None):
-        """PoolMiner.mine_all's interface, example by example."""
+        """PoolMiner.mine_all's interface: every example in row order (the random fallback draws from the
+        shared rng example by example)."""
         caps = [math.inf] * len(scores) if cap is None else cap
-        return [self.mine(i, scores[i], neighbours[i], all_scores, lo, hi, max_neg, min_neg, fallback, rng,
-                          float(caps[i])) for i in range(len(scores))]
-
+        return [self.select(i, scores[i], neighbours[i], all_scores, lo, hi, max_neg, min_neg, fallback, rng,
+                            float(caps[i])) for i in range(len(scores))]
 
     def count_above(self, scores, neighbours, lo, hi, caps: dict) -> dict:
-        """PoolMiner.count_above by the walk: per cap and example, its usable first-seen top-K candidates
-        in [lo, hi) scoring above the cap."""
-        out = {name: np.zeros(len(scores), np.int64) for name in caps}
-        for i in range(len(scores)):
-            seen = set()
-            for s, j in zip(np.round(scores[i].astype(np.float64), 6).tolist(), neighbours[i].tolist()):
-                if j < 0 or not lo <= s < hi:
-                    continue
-                for tid in self.candidates[j]:
-                    if tid not in seen and self.usable(i, tid):
-                        seen.add(tid)
-                        for name, cap in caps.items():
-                            out[name][i] += s > cap[i]
+        """PoolMiner.count_above's interface: per cap and example, its usable candidates in [lo, hi) (each id
+        at its first offer there) scoring above the cap."""
+        out = {}
+        for name, cap in caps.items():
+            out[name] = np.array([sum(s > cap[i] for _, _, s in self._offers(
+                i, scores[i], neighbours[i], lambda s: lo <= s < hi)) for i in range(len(scores))], np.int64)
         return out
 
 

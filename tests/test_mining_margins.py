@@ -10,8 +10,8 @@ from the stage's float32 FAISS ones by ~1e-7, so an example with a candidate wit
 cap is checked loosely, and such examples are asserted to be few (a planted copy ties its original exactly:
 either may come first).  The stage's own
 numbers are also checked exactly against each other: no stored score above the cap its row's pos_scores
-give.  With every rule off, the stage's rows equal those of the stage with the per-example walk of
-tests/_mining_helpers.py (the selection before it was vectorised) in place of PoolMiner."""
+give.  With every rule off, the stage's rows equal those of the stage with the selection restated from
+its documented rules (tests/_mining_helpers.py ReferenceSelection) in place of PoolMiner."""
 
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from _mining_helpers import ReferenceWalk, compose, load_rows, read_build
+from _mining_helpers import ReferenceSelection, compose, load_rows, read_build
 from omegaconf import OmegaConf
 
 from care.data.stage_cache import fingerprint
@@ -285,11 +285,11 @@ def test_pos_scores_are_the_mining_similarity(runs, brute):
 
 @pytest.mark.parametrize("similarity", ["question", "document"])
 def test_options_off_same_rows_as_the_walk(build_dir, spread_bert, window, tmp_path, monkeypatch, similarity):
-    """Every rule off: the stage's train.jsonl equals, row by row, the stage's with the selection before it
-    was vectorised (tests/_mining_helpers.py ReferenceWalk, no cap) in PoolMiner's place, and its keys are
-    those of before plus pos_scores; the FlagEmbedding export is identical too."""
+    """Every rule off: the stage's train.jsonl equals, row by row, the stage's with the selection restated
+    from its documented rules (tests/_mining_helpers.py ReferenceSelection, no cap) in PoolMiner's place,
+    and its keys are those of before plus pos_scores; the FlagEmbedding export is identical too."""
 
-    class Walk(ReferenceWalk):
+    class Walk(ReferenceSelection):
         def mine_all(self, *args, cap=None):
             assert cap is None  # no rule: mining passes no cap
             return super().mine_all(*args)

@@ -1,5 +1,6 @@
 """PoolMiner.mine_all (data_pipeline/negatives.py, the selection vectorised over the top-K matrix) gives
-exactly the Mined of the per-example walk it replaced, kept as _mining_helpers.ReferenceWalk: same ids,
+exactly the Mined of the selection restated from its documented rules, _mining_helpers.ReferenceSelection
+(written independently of PoolMiner and of the walk it replaced): same ids,
 scores, fallback counts and in-window counts, and the same draws from the shared rng, with and without
 per-example caps (the positive-aware rules).  On the real subset of
 conftest.py's `build_dir` (cEpilepsyQA answers and cMedQQ questions, with its planted dedup cluster and
@@ -15,7 +16,7 @@ from collections import defaultdict
 import faiss
 import numpy as np
 import pytest
-from _mining_helpers import TOP_K, ReferenceWalk, as_tuples, compose
+from _mining_helpers import TOP_K, ReferenceSelection, as_tuples, compose
 from omegaconf import OmegaConf
 
 from care.data.io import read_text_store
@@ -98,7 +99,7 @@ def test_mine_all_equals_the_walk(pools, window, similarity, slack, rows, capped
         if mode != similarity:
             continue
         args = (p["examples"], p["texts"], p["cluster_of"], p["removed"], similarity)
-        ref, new = ReferenceWalk(*args), PoolMiner(*args)
+        ref, new = ReferenceSelection(*args), PoolMiner(*args)
         assert new.slot_shared.any() == (similarity == "question" and pool == "answers, shared positives")
 
         def all_scores(i, q=p["q"], c=p["c"]):
@@ -158,7 +159,7 @@ def test_mine_pool_equals_the_walk(build_dir, spread_bert, window, tmp_path, mon
         for pool in ("answers", "questions"):
             exs = [e for e in examples if e["pool"] == pool]
             runs = []
-            for miner in (PoolMiner, ReferenceWalk):
+            for miner in (PoolMiner, ReferenceSelection):
                 monkeypatch.setattr(mining, "PoolMiner", miner)
                 timing = {"encode": 0.0, "search": 0.0, "select": 0.0}
                 runs.append(mining.mine_pool(exs, texts, encoder, cluster_of, removed, opts,
