@@ -107,7 +107,8 @@ MEMO_ENTRIES = 2000  # past this many on disk, entries of files that no longer e
 def _file_identity(path: Path) -> list[int]:
     """What changes when a file's bytes may have: size, mtime, inode (a file replaced by a rename, as every
     writer here does), device, and ctime, which the kernel sets on every write and no tool can set back
-    (`cp -p` or `rsync -t` over the same inode restore the mtime, not the ctime)."""
+    (`cp -p` over an existing file or `rsync --inplace -t` restore the mtime, not the ctime).  A new hard link
+    also sets the ctime: that file is hashed once more."""
     st = path.stat()
     return [st.st_size, st.st_mtime_ns, st.st_ino, st.st_dev, st.st_ctime_ns]
 
