@@ -104,16 +104,19 @@ def stage2_family(towers, tmp_path, **trainer):
 
 
 def todays_asymmetric(loss, q: dict, p: dict) -> dict:
-    """AsymmetricLoss.forward as it was before Matryoshka widths, teacher and score distillation, op for op:
-    the reference their "off means unchanged" tests compare with."""
+    """AsymmetricLoss.forward as it was before Matryoshka widths, teacher and score distillation: the reference
+    their "off means unchanged" tests compare with, bit for bit.  Written with torch's own cross_entropy (each
+    query's positive at i x group in the pool) rather than the project's info_nce / pool_group_size, so a slip
+    there is not repeated here; the formula itself is checked against loops in tests/test_care_losses.py."""
     import torch
-
-    from care.training.losses import info_nce, pool_group_size
+    import torch.nn.functional as F
 
     dtype = torch.promote_types(torch.promote_types(q["dense"].dtype, p["dense"].dtype), torch.float32)
     qv, pv = q["dense"].to(dtype), p["dense"].to(dtype)
-    group = pool_group_size(len(qv), len(pv), loss.group_size)
-    out = {"infonce": info_nce(qv @ pv.T / loss.temperature, group)}
+    group = loss.group_size or len(pv) // len(qv)
+    assert len(pv) == len(qv) * group, "1 positive + (group - 1) negatives per query, in query order"
+    positives = torch.arange(len(qv)) * group
+    out = {"infonce": F.cross_entropy(qv @ pv.T / loss.temperature, positives)}
     if loss.mse_weight:
-        out["mse"] = (qv - pv[torch.arange(len(qv)) * group]).pow(2).sum(-1).mean()
+        out["mse"] = (qv - pv[positives]).pow(2).sum(-1).mean()
     return {"loss": out["infonce"] + loss.mse_weight * out.get("mse", 0.0), **out}

@@ -3,6 +3,7 @@ and plain-Python reference scores for its heads."""
 from __future__ import annotations
 
 import hashlib
+import math
 
 import numpy as np
 import pytrec_eval
@@ -67,7 +68,10 @@ class FakeM3(Encoder):
 
 
 def ref_lexical(a: dict, b: dict) -> float:
-    return sum(w * b[t] for t, w in a.items() if t in b)
+    """The two weight maps as dense vectors over the union of their tokens, dotted (math.fsum: exactly
+    rounded), rather than the production loop over the shared tokens (care/encoders/scores.py)."""
+    vocab = sorted(set(a) | set(b))
+    return math.fsum(x * y for x, y in zip([a.get(t, 0.0) for t in vocab], [b.get(t, 0.0) for t in vocab]))
 
 
 def ref_colbert(q: np.ndarray, d: np.ndarray) -> float:
