@@ -3,6 +3,7 @@
     write_model_card(folder, record, evaluation)   folder/README.md from its training record (care_training.json)
     refresh_card(folder, summary, row_name)        the same with evaluate.py's summary.json row (the table and
                                                    the front matter's model-index)
+    (the generated part sits between markers; the user's text around it is kept: care.export.card_file)
     card_data(...) / card_body(...)                the front matter and the Markdown body of one card
     eval_results(summary, row_name)                the model-index entries of one summary.json row
 
@@ -34,6 +35,7 @@ from pathlib import Path
 from huggingface_hub import EvalResult, ModelCard, ModelCardData
 
 from care.data.io import atomic_open
+from care.export.card_file import compose
 from care.export.card_sections import (
     citation_section,
     evaluation_section,
@@ -158,7 +160,8 @@ TEMPLATE = "---\n{{ card_data }}\n---\n\n{{ body }}\n"
 def write_model_card(folder: str | Path, record: dict, evaluation: dict | None = None) -> Path:
     """folder/README.md from the training record (care_training.json's content, with its `lineage` when the
     trainer stored one) and, when given, an evaluation {"summary": summary.json's content, "row": the row
-    name}; written atomically.  Returns the card's path."""
+    name}; written atomically, the user's own text around the generated part kept (care.export.card_file;
+    CardKept when the README is not the project's own card).  Returns the card's path."""
     folder = Path(folder)
     if not record.get("lineage"):
         data = (record.get("config") or {}).get("data") or {}
@@ -166,10 +169,12 @@ def write_model_card(folder: str | Path, record: dict, evaluation: dict | None =
             # no lineage stored at training time: read it now from the files the config names, and say so
             record = {**record, "lineage": {**data_lineage(data["texts"], data["examples"]), "read_at": "card"}}
     card = ModelCard.from_template(card_data(folder, record, evaluation), template_str=TEMPLATE,
+    existing = path.read_text(encoding="utf-8") if path.is_file() else None
+    text = compose(str(card), existing, str(path))  # CardKept: a README that is not the project's own stays
                                    body=card_body(folder, record, evaluation))
     path = folder / CARD
     with atomic_open(path) as fh:
-        fh.write(str(card))
+        fh.write(text)
     return path
 
 
