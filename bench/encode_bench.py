@@ -36,6 +36,7 @@ from care.config import load_config
 from care.encoders import build_encoder
 from care.encoders.dense import BACKENDS, HFDenseEncoder
 from care.evaluation.corpora import document_texts, evaluation_model, load_benchmarks
+from care.families import family_of
 from care.models.pooling import pool
 from data_pipeline.benchmarks import build
 
@@ -95,7 +96,7 @@ def plain_forward(encoder, texts: list[str], batch_size: int) -> tuple[np.ndarra
 
 def dense_encoder(model: dict, backend: str) -> HFDenseEncoder:
     """The dense encoder of a model config, as care/encoders/registry.py builds it, with `backend`."""
-    if model.get("kind", "dense") != "dense":
+    if family_of(model).backend != "":  # the family whose own config picks the backend (care.families)
         raise ValueError(f"backends are an option of dense encoders; model {model['name']} is {model['kind']}")
     return build_encoder({**model, "backend": backend}, device="cpu")
 

@@ -46,6 +46,7 @@ from bench.encode_bench import at_threads
 from care.config import load_config, model_config
 from care.encoders import build_encoder
 from care.evaluation.corpora import evaluation_model, load_benchmarks
+from care.families import family_of
 from care.models.pooling import pool
 from data_pipeline.benchmarks import build
 
@@ -141,8 +142,9 @@ def models(app: dict, care_name: str, symmetric_name: str) -> tuple[dict, dict, 
 
 
 def with_backend(model: dict, backend: str) -> dict:
-    if model.get("kind") == "care":
-        return {**model, "query": {**model["query"], "backend": backend}}
+    """The model config with `backend` where its family reads it (care.families: CARE's query tower)."""
+    if side := family_of(model).backend:
+        return {**model, side: {**model[side], "backend": backend}}
     return {**model, "backend": backend}
 
 

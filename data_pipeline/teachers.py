@@ -39,6 +39,7 @@ from care.encoders.cache import EmbeddingCache, list_hash, text_key
 from care.encoders.prompts import legacy_keyed
 from care.encoders.registry import TRAINING_RECORD
 from care.evaluation.corpora import evaluation_model
+from care.families import tower_configs
 from care.models.hub import weights_digest
 
 log = logging.getLogger(__name__)
@@ -99,8 +100,8 @@ def teacher_identity(spec: dict, opts: dict) -> dict:
         return {"kind": spec["kind"], "folder": spec["folder"],
                 "fingerprint": cross_fingerprint(spec["folder"], opts)}
     model = evaluation_model(spec["model"], opts.get("max_length"))
-    paths = [model[s]["path"] for s in ("query", "document")] if model.get("kind") == "care" else [model["path"]]
-    return {"kind": spec["kind"], "model": legacy_keyed(model), "weights": [weights_digest(p) for p in paths],
+    return {"kind": spec["kind"], "model": legacy_keyed(model),
+            "weights": [weights_digest(t["path"]) for t in tower_configs(model)],
             "heads": opts.get("heads"), "hybrid_weights": opts.get("hybrid_weights")}
 
 

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from care.encoders.prompts import SIDES, Prompts
+from care.families import family_of
 from care.models import HEADS
 
 
@@ -58,6 +59,13 @@ def check_finite(emb: Embeddings, texts: Sequence[str], what: str) -> None:
     if len(bad):
         i = int(bad[0])
         raise FloatingPointError(f"{what}: NaN/inf for {len(bad)} of {len(texts)} texts, first #{i}: {texts[i][:60]!r}")
+
+
+def config_args(c: dict, device: str | None) -> dict:
+    """The keyword arguments every one-backbone encoder takes from its model config (`from_config`)."""
+    return {"name": c.get("name", family_of(c).name), "pooling": c.get("pooling", "cls"),
+            "prompts": Prompts.from_config(c), "max_length": c.get("max_length", 512), "device": device,
+            "build_hint": c.get("build_hint", "")}
 
 
 class Encoder(ABC):

@@ -47,6 +47,17 @@ class CAREEncoder(Encoder):
     """`towers=` wraps live towers (training's validation) instead of loading the config's folders; those
     run torch (an export would hold weights that training then changes)."""
 
+    @classmethod
+    def from_config(cls, c: dict, device: str | None = None) -> CAREEncoder:
+        """A `kind: care` model config's encoder (care.families): a bad query backend is refused before any
+        tower is built, and a configured tower folder is built on first use (registry.ensure_towers)."""
+        from care.encoders.registry import ensure_towers, tower_config
+
+        check_query_backend(c["query"], c["document"])
+        ensure_towers(c)
+        return cls(tower_config(c["query"]), tower_config(c["document"]), name=c.get("name", "care"),
+                   prompts=Prompts.from_config(c), device=device)
+
     def __init__(self, query: dict, document: dict, name: str = "care", prompts: Prompts | None = None,
                  device: str | None = None, towers: tuple[Tower, Tower] | None = None):
         self.name, self.prompts = name, prompts or Prompts()

@@ -30,7 +30,7 @@ import torch
 from tqdm.auto import tqdm
 from transformers import AutoTokenizer
 
-from care.encoders.base import Embeddings, Encoder
+from care.encoders.base import Embeddings, Encoder, config_args
 from care.encoders.onnx_backend import OnnxForward, padded_example
 from care.encoders.prompts import Prompts
 from care.models.hub import load_encoder_model, resolve_model_path, weights_digest
@@ -100,6 +100,13 @@ def progress_label(name: str, side: str) -> str:
 class HFDenseEncoder(Encoder):
     """One backbone for queries and documents (symmetric).  `backend`: what runs the forward pass (BACKENDS,
     the module docstring); any but torch is CPU only and inference only (`embed` is then not differentiable)."""
+
+    @classmethod
+    def from_config(cls, c: dict, device: str | None = None) -> HFDenseEncoder:
+        """A `kind: dense` model config's encoder (care.families)."""
+        return cls(str(c["path"]), normalize=c.get("normalize", True), truncate_dim=c.get("truncate_dim"),
+                   padding_side=c.get("padding_side", "right"), backend=c.get("backend", "torch"),
+                   **config_args(c, device))
 
     def __init__(self, path: str, name: str = "dense", pooling: str = "cls", prompts: Prompts | None = None,
                  max_length: int = 512, normalize: bool = True,

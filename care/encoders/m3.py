@@ -7,7 +7,7 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
-from care.encoders.base import Embeddings, Encoder
+from care.encoders.base import Embeddings, Encoder, config_args
 from care.encoders.dense import batched_forward, pick_device, progress_label
 from care.encoders.prompts import Prompts
 from care.models import HEADS
@@ -22,6 +22,11 @@ class M3Encoder(Encoder):
     them); the sparse and ColBERT heads are unchanged."""
 
     heads = HEADS
+
+    @classmethod
+    def from_config(cls, c: dict, device: str | None = None) -> M3Encoder:
+        """A `kind: m3` model config's encoder (care.families)."""
+        return cls(str(c["path"]), truncate_dim=c.get("truncate_dim"), **config_args(c, device))
 
     def __init__(self, path: str, name: str = "m3", pooling: str = "cls", prompts: Prompts | None = None,
                  max_length: int = 512, device: str | None = None,

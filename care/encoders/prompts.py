@@ -22,6 +22,8 @@ import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
+from care.families import family_of
+
 SIDES = ("query", "document")
 #: the task a query is embedded for when nobody says (training pairs are retrieval pairs)
 DEFAULT_TASK = "retrieval"
@@ -49,7 +51,7 @@ def legacy_keyed(model_cfg: Mapping) -> dict:
         return model
     prompts = Prompts.from_config(model)
     del model["prompts"]
-    if model.get("kind") == "care":
+    if family_of(model).towers:
         return {**model, **{side: {**model[side], LEGACY_TOWER_KEY: prompts.of(side)} for side in SIDES}}
     return {**model, **{LEGACY_KEYS[side]: prompts.of(side) for side in SIDES}}
 

@@ -1,4 +1,5 @@
-"""Build an encoder from a `model=` config, and recognise checkpoint folders.  `kind` picks the class:
+"""Build an encoder from a `model=` config, and recognise checkpoint folders.  `kind` picks the family
+(care.families), and the family its Encoder class:
 
 dense  one backbone, pooled and normalised (multilingual-e5-small, bge-large-zh, tiny test models)
 m3     BGE-M3 style: one backbone, dense + sparse + ColBERT heads (care.encoders.m3)
@@ -6,7 +7,8 @@ care   two towers: a small query tower online, a large document tower offline (c
        `query.backend: torch | onnx` runs the query tower's backbone in torch or ONNX Runtime
 
 `detect(folder, model_cfg)` says which model config builds a folder: a training run's final/ records its
-own, an M3 checkpoint has the head files, any other Hugging Face folder is built like `model_cfg`.
+own, a folder holding a family's marker files (an M3 checkpoint's head files) is of that family, any other
+Hugging Face folder is built like `model_cfg`.
 """
 from __future__ import annotations
 
@@ -16,36 +18,17 @@ from omegaconf import DictConfig, OmegaConf
 
 from care.data.io import read_json
 from care.encoders.base import Encoder
-from care.encoders.prompts import LEGACY_TOWER_KEY, Prompts
-from care.models.m3 import HEAD_FILES
+from care.encoders.prompts import LEGACY_TOWER_KEY
+from care.families import FAMILIES, family_of, hook
 
 TRAINING_RECORD = "care_training.json"  # written by the trainer beside every model it saves
 CHECKPOINT_MODEL = "model"  # inside a training checkpoint (checkpoints/step-N/): its weights as a model folder
 
 
 def build_encoder(cfg: DictConfig | dict, device: str | None = None) -> Encoder:
+    """The encoder of a model config: its family's Encoder class (care.families) built by `from_config`."""
     c = OmegaConf.to_container(cfg, resolve=True) if isinstance(cfg, DictConfig) else dict(cfg)
-    kind = c.get("kind", "dense")
-    common = {"name": c.get("name", kind), "pooling": c.get("pooling", "cls"), "prompts": Prompts.from_config(c),
-              "max_length": c.get("max_length", 512), "device": device, "build_hint": c.get("build_hint", "")}
-    if kind == "dense":
-        from care.encoders.dense import HFDenseEncoder
-
-        return HFDenseEncoder(str(c["path"]), normalize=c.get("normalize", True), truncate_dim=c.get("truncate_dim"),
-                              padding_side=c.get("padding_side", "right"), backend=c.get("backend", "torch"),
-                              **common)
-    if kind == "m3":
-        from care.encoders.m3 import M3Encoder
-
-        return M3Encoder(str(c["path"]), truncate_dim=c.get("truncate_dim"), **common)
-    if kind == "care":
-        from care.encoders.care import CAREEncoder, check_query_backend
-
-        check_query_backend(c["query"], c["document"])  # model.query.backend: refused before any tower is built
-        ensure_towers(c)
-        return CAREEncoder(tower_config(c["query"]), tower_config(c["document"]), name=c.get("name", kind),
-                           prompts=common["prompts"], device=device)
-    raise ValueError(f"unknown model kind '{kind}' in model config (choose dense, m3 or care)")
+    return hook(family_of(c), "encoder").from_config(c, device)
 
 
 #: keys of a tower config that are not the tower's own (care.models.towers): how to build it, and the older
@@ -89,9 +72,8 @@ def record_model_config(folder: str | Path) -> dict:
     moved folder still loads; an absolute path (a record written before paths were relative) is kept."""
     folder = Path(folder).resolve()
     model = read_record(folder)["model"]
-    if model.get("kind") == "care":
-        return {**model, **{side: {**model[side], "path": str(folder / model[side]["path"])}
-                            for side in ("query", "document")}}
+    if sides := family_of(model).towers:
+        return {**model, **{side: {**model[side], "path": str(folder / model[side]["path"])} for side in sides}}
     return {**model, "path": str(folder)}
 
 
@@ -100,8 +82,10 @@ def detect(folder: str | Path, model_cfg: dict) -> dict | None:
     folder = Path(folder)
     if (folder / TRAINING_RECORD).is_file():
         return record_model_config(folder)
-    if all((folder / f).is_file() for f in HEAD_FILES):
-        return {**model_cfg, "kind": "m3", "path": str(folder)}
+    for family in FAMILIES.values():
+        marks = hook(family, "folder_files")
+        if marks and all((folder / f).is_file() for f in marks):
+            return {**model_cfg, "kind": family.name, "path": str(folder)}
     if (folder / "config.json").is_file():
         return {**model_cfg, "path": str(folder)}
     return None

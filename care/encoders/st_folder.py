@@ -29,6 +29,7 @@ from pathlib import Path
 
 from care.data.io import write_json
 from care.encoders.prompts import DEFAULT_TASK, Prompts
+from care.families import family_of, hook
 from care.models.hub import POOLER_FAMILIES
 
 #: the files this module writes at a folder's top level (and a tower's): never part of the weights digest
@@ -147,25 +148,34 @@ def _model_config(folder: Path, prompts: dict[str, str], similarity: str) -> Non
 def write_st_files(folder: str | Path, model_cfg: dict) -> Path:
     """Add the sentence-transformers files to a saved model folder described by `model_cfg` (a model config as
     care_training.json records it: kind, pooling, prompts, max_length; a CARE config's towers live in
-    `folder`/query and `folder`/document).  Returns the folder."""
-    folder = Path(folder)
-    kind = model_cfg.get("kind", "dense")
-    if kind in ("dense", "m3"):
-        truncate = model_cfg.get("truncate_dim")  # the dense vector cut, as the encoders cut it
-        normalize = bool(model_cfg.get("normalize", True)) if kind == "dense" else True
-        chain = _route(folder, "", "", model_cfg.get("pooling", "cls"), model_cfg.get("max_length", 512),
-                       normalize, truncate, model_cfg.get("padding_side", "right") if kind == "dense" else "right")
-        _modules_json(folder, chain)
-        # a cut vector is not unit length: its score is the dot product, as evaluate.py scores it
-        _model_config(folder, st_prompts(Prompts.from_config(model_cfg)),
-                      "dot" if truncate or not normalize else "cosine")
-        return folder
-    if kind == "care":
-        return _write_router(folder, model_cfg)
-    raise ValueError(f"model kind {kind!r}: no sentence-transformers layout (dense, m3 or care)")
+    `folder`/query and `folder`/document): its family's layout (care.families).  Returns the folder."""
+    return hook(family_of(model_cfg), "st_files")(Path(folder), model_cfg)
 
 
-def _write_router(folder: Path, model_cfg: dict) -> Path:
+def write_dense(folder: Path, model_cfg: dict) -> Path:
+    """One backbone, normalised unless the config says otherwise, padded on the configured side."""
+    return _one_backbone(folder, model_cfg, bool(model_cfg.get("normalize", True)),
+                         model_cfg.get("padding_side", "right"))
+
+
+def write_m3(folder: Path, model_cfg: dict) -> Path:
+    """One backbone as care.encoders.m3 runs it: always normalised, padded on the right."""
+    return _one_backbone(folder, model_cfg, True, "right")
+
+
+def _one_backbone(folder: Path, model_cfg: dict, normalize: bool, padding_side: str) -> Path:
+    truncate = model_cfg.get("truncate_dim")  # the dense vector cut, as the encoders cut it
+    chain = _route(folder, "", "", model_cfg.get("pooling", "cls"), model_cfg.get("max_length", 512),
+                   normalize, truncate, padding_side)
+    _modules_json(folder, chain)
+    # a cut vector is not unit length: its score is the dot product, as evaluate.py scores it
+    _model_config(folder, st_prompts(Prompts.from_config(model_cfg)),
+                  "dot" if truncate or not normalize else "cosine")
+    return folder
+
+
+def write_router(folder: Path, model_cfg: dict) -> Path:
+    """Two towers behind one Router (the module docstring)."""
     from sentence_transformers.base.modules import Router
 
     query, document = model_cfg["query"], model_cfg["document"]

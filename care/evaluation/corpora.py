@@ -16,6 +16,7 @@ from tqdm.auto import tqdm
 
 from care.data.tasks import TaskData, load_task
 from care.evaluation.benchmarks import Benchmark, TaskSpec, load_benchmark, resolve_paths
+from care.families import family_of
 
 #: where an app config holds its benchmarks (evaluate.yaml and encode.yaml alike)
 PLACES = ("benchmark", "extra_benchmark")
@@ -64,8 +65,8 @@ def evaluation_model(model: dict, max_length: int | None) -> dict:
     model = dict(model)
     if not max_length:
         return model
-    if "query" in model and "document" in model:  # two towers: each has its own limit (care.models.towers)
-        for side in ("query", "document"):
+    if sides := family_of(model).towers:  # two towers: each has its own limit (care.models.towers)
+        for side in sides:
             tower = dict(model[side])
             tower["max_length"] = min(int(tower.get("max_length", 512)), int(max_length))
             model[side] = tower

@@ -12,6 +12,7 @@ from care.config import CONF_DIR, model_config
 from care.encoders import detect
 from care.encoders.prompts import Prompts
 from care.encoders.registry import CHECKPOINT_MODEL
+from care.families import family_of, tower_configs
 
 
 def checkpoint_models(ckpt: str, model_cfg: dict, checkpoints: str = "best_final") -> list[tuple[str, dict]]:
@@ -82,7 +83,7 @@ def cut_entry(entry: dict, dim: int) -> dict:
     """A model under test scored on the first `dim` coordinates of its dense vectors (truncate_dim=: the
     project's Matryoshka convention, normalised at full width and not re-normalised; care/encoders/m3.py)."""
     model = entry["model"]
-    if model.get("kind") == "care":
+    if not family_of(model).cuts:
         raise ValueError(f"truncate_dim={dim}: a CARE model's document vectors are already cut to its query "
                          "tower's width; cut a one-encoder model (kind dense or m3)")
     return {**entry, "name": f"{entry['name']}@{dim}d", "label": f"{entry['label']} @ {dim}-d",
@@ -96,7 +97,7 @@ def check_model_folders(entries: list[dict], cfg: dict) -> None:
     for entry in entries:
         model = entry.get("model") or {}
         path = model.get("path")
-        if not path or model.get("kind") == "care":
+        if not path or family_of(model).towers:
             continue
         own = _configured_path(model.get("name"), cfg)
         if own is None or _same_path(path, own):
@@ -128,6 +129,6 @@ def _same_path(a: str, b: str | None) -> bool:
 def _identity(model: dict) -> tuple:
     """What makes two model configs one model: a CARE model has no top-level path, its towers' folders tell
     a trained checkpoint from the untrained towers of its own config file."""
-    sides = [model.get("query") or {}, model.get("document") or {}] if model.get("kind") == "care" else [model]
     return (str(model.get("kind")), str(model.get("truncate_dim")),
-            *((str(side.get("path")), str(side.get("pooling"))) for side in sides), Prompts.from_config(model))
+            *((str(side.get("path")), str(side.get("pooling"))) for side in tower_configs(model)),
+            Prompts.from_config(model))

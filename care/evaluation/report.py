@@ -7,6 +7,7 @@ import re
 from pathlib import Path
 
 from care.data.io import atomic_open, read_jsonl, save_figure, validation_metric, write_json
+from care.data.numbers import fmt_interval, fmt_number
 from care.evaluation.benchmarks import Benchmark, average_groups
 from care.evaluation.run_folder import relative
 
@@ -46,12 +47,6 @@ def columns(benchmarks: list[Benchmark]) -> list[dict]:
     return cols
 
 
-def fmt_number(value, digits: int = 2) -> str:
-    if value is None:
-        return "n/a"
-    return f"{value:,.{digits}f}" if digits else f"{value:,.0f}"
-
-
 def gains(rows: list[dict], over: str | None = None) -> list[tuple[dict, dict]]:
     """(model, reference) pairs whose difference the table shows: every model under test against the first
     encoder baseline (e.g. fine-tuned vs the zero-shot model it started from), or against the row named
@@ -67,14 +62,6 @@ def gains(rows: list[dict], over: str | None = None) -> list[tuple[dict, dict]]:
 
 def _fmt_delta(value, reference) -> str:
     return "n/a" if value is None or reference is None else f"{value - reference:+.2f}"
-
-
-def _fmt_interval(interval: dict | None) -> str:
-    """A gain's 95% interval; `*` marks one that excludes 0 (more than the evaluation set's noise)."""
-    if not interval:
-        return ""
-    mark = "*" if interval["low"] > 0 or interval["high"] < 0 else ""
-    return f"[{interval['low']:+.2f}, {interval['high']:+.2f}]{mark}"
 
 
 def markdown(run: str, benchmarks: list[Benchmark], rows: list[dict], settings: dict) -> str:
@@ -98,7 +85,7 @@ def markdown(run: str, benchmarks: list[Benchmark], rows: list[dict], settings: 
         lines.append("| " + " | ".join(cells + [""] * len(EFFICIENCY)) + " |")
         intervals = r.get("gain", {}).get("intervals", {})
         if any(intervals.values()):
-            cells = ["95% interval of that gain"] + [_fmt_interval(intervals.get(c["key"])) for c in cols]
+            cells = ["95% interval of that gain"] + [fmt_interval(intervals.get(c["key"])) for c in cols]
             lines.append("| " + " | ".join(cells + [""] * len(EFFICIENCY)) + " |")
     if any(r.get("gain") for r in rows):
         lines += ["", ("Gain intervals: paired bootstrap over the task's queries (STS: its pairs), 2,000 resamples "

@@ -19,8 +19,8 @@ import argparse
 from pathlib import Path
 
 from care.data.io import atomic_open, read_json, save_figure, write_json
+from care.data.numbers import fmt_number
 from care.errors import app_errors
-from care.evaluation.report import fmt_number
 
 P50, P95 = "query_latency_ms_p50", "query_latency_ms_p95"
 

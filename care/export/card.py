@@ -45,10 +45,10 @@ from care.export.card_sections import (
     training_section,
 )
 from care.export.provenance import base_models, data_lineage, model_id, portable, scrub, training_record
+from care.families import family_of, tower_configs
 
 CARD = "README.md"
 LICENSE_NAME = "non-commercial-research"
-KIND_TAGS = {"m3": "bge-m3", "care": "care", "dense": "dense"}
 # summary.json task types -> (model-index task type, task name)
 TASK_TYPES = {"retrieval": ("information-retrieval", "Retrieval"), "reranking": ("reranking", "Reranking"),
               "sts": ("semantic-similarity", "Semantic Similarity")}
@@ -105,12 +105,12 @@ def _start_config(record: dict) -> dict:
 
 
 def card_data(folder: Path, record: dict, evaluation: dict | None = None) -> ModelCardData:
-    kind = (record.get("model") or {}).get("kind", "dense")
+    family = family_of(record.get("model") or {})
     bases = record.get("base_models") or base_models(_start_config(record))
     lineage = record.get("lineage") or {}
     hub_datasets = list(lineage.get("hub_datasets") or [])
     tags = ["sentence-transformers", "feature-extraction", "sentence-similarity", "medical", "chinese",
-            KIND_TAGS.get(kind, kind), "care-medical"]
+            family.tag, "care-medical"]
     license_ = record.get("license") or "other"
     results = eval_results(evaluation["summary"], evaluation["row"]) if evaluation else None
     return ModelCardData(
@@ -123,18 +123,16 @@ def card_data(folder: Path, record: dict, evaluation: dict | None = None) -> Mod
 def card_body(folder: Path, record: dict, evaluation: dict | None = None) -> str:
     name = model_id(folder)
     model = record.get("model") or {}
-    kind = model.get("kind", "dense")
+    family = family_of(model)
     start = _start_config(record)
     bases = record.get("base_models") or base_models(start)
-    what = {"m3": "a BGE-M3-style encoder (one backbone; dense, sparse and ColBERT heads)",
-            "care": "a CARE two-tower encoder (a small query tower, a large document tower; asymmetric retrieval)",
-            "dense": "a dense sentence encoder"}.get(kind, f"a `{kind}` encoder")
+    what = family.description
     lines = [f"# {name}", "",
              (f"{model.get('label') or name}: {what} for Chinese medical text, fine-tuned by the care-medical "
              f"project from {', '.join(f'`{b}`' for b in bases)} on public Chinese medical question-answer and "
              "paraphrase data. It embeds queries and documents for retrieval, reranking and semantic similarity."),
              "", "## How to load", ""]
-    lines += load_section(record, name, kind, folder)
+    lines += load_section(record, name, family, folder)
     lines += ["## Data lineage", ""] + lineage_section(record) + [""]
     lines += ["## Training", ""] + training_section(record) + [""]
     lines += ["## Evaluation", ""]
@@ -147,10 +145,10 @@ def card_body(folder: Path, record: dict, evaluation: dict | None = None) -> str
     lines += ["", "## License", "",
               ("`other` (`non-commercial-research`): every training set is for non-commercial research (see the "
               "shared data's PROVENANCE.md files). The base model licences still apply:")]
-    towers = [start.get("query") or {}, start.get("document") or {}] if kind == "care" or "query" in start else [start]
+    towers = tower_configs(start)
     for base, t in zip(bases if len(bases) == len(towers) else [bases[0]] * len(towers), towers):
         lines.append(f"- `{base}`: {t.get('license') or start.get('license') or 'see its own model card'}")
-    lines += ["", "## Citation", ""] + citation_section(kind, bases)
+    lines += ["", "## Citation", ""] + citation_section(family, bases)
     return scrub("\n".join(portable(lines)))
 
 

@@ -1,13 +1,13 @@
 """The Markdown sections of a model card's body, each a list of lines (care.export.card joins them).
 
-    load_section(record, name, kind, folder)   how to load the folder: sentence-transformers, FlagEmbedding
+    load_section(record, name, family, folder) how to load the folder: sentence-transformers, FlagEmbedding
                                                (M3's three heads), this project
     lineage_section(record)                    the data pipeline's stages, fingerprints and leakage report
     training_section(record)                   steps, validation, merge, and the settings that differ from
                                                the defaults (provenance.changed_settings)
     evaluation_section(summary, row_name)      evaluate.py's summary.json row: the table, the gain
                                                intervals, the efficiency columns, the benchmarks' sources
-    citation_section(kind, bases)              the BibTeX entries of the papers behind the model
+    citation_section(family, bases)            the BibTeX entries of the papers behind the model
 
 summary_row(summary, name) finds a row of summary.json (card.eval_results uses it too).
 """
@@ -16,7 +16,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from care.data.numbers import fmt_interval, fmt_number
 from care.export.provenance import changed_settings, portable
+from care.families import Family
 
 CITATIONS = {
     "bge-m3": ("BGE-M3 (the M3 heads, the self-knowledge-distillation loss this recipe sums)", """\
@@ -56,19 +58,6 @@ def summary_row(summary: dict, name: str) -> dict:
     return row
 
 
-def _fmt(value, digits: int = 2) -> str:
-    if value is None:
-        return "n/a"
-    return f"{value:,.{digits}f}" if digits else f"{value:,.0f}"
-
-
-def _interval(iv: dict | None) -> str:
-    if not iv:
-        return ""
-    mark = "*" if iv["low"] > 0 or iv["high"] < 0 else ""
-    return f"[{iv['low']:+.2f}, {iv['high']:+.2f}]{mark}"
-
-
 EFFICIENCY = [("online_parameters", "Online params (M)", 1e-6, 1),
               ("online_parameters_without_embeddings", "w/o token embeddings (M)", 1e-6, 1),
               ("query_latency_ms_p50", "Query ms p50", 1, 1), ("query_latency_ms_p95", "Query ms p95", 1, 1),
@@ -96,8 +85,8 @@ def evaluation_section(summary: dict, row_name: str) -> list[str]:
     for r in rows:
         eff = r.get("efficiency") or {}
         cells = [("**" + r["label"] + "**") if r is row else r["label"]]
-        cells += [_fmt((r.get("scores") or {}).get(c["key"])) for c in cols]
-        cells += [_fmt(eff[k] * scale if eff.get(k) is not None else None, d) for k, _, scale, d in EFFICIENCY]
+        cells += [fmt_number((r.get("scores") or {}).get(c["key"])) for c in cols]
+        cells += [fmt_number(eff[k] * scale if eff.get(k) is not None else None, d) for k, _, scale, d in EFFICIENCY]
         lines.append("| " + " | ".join(cells) + " |")
     gain = row.get("gain") or {}
     ref = next((r for r in summary.get("models", []) if r.get("name") == gain.get("over")), None)
@@ -109,7 +98,7 @@ def evaluation_section(summary: dict, row_name: str) -> list[str]:
         lines.append("| " + " | ".join(cells + [""] * len(EFFICIENCY)) + " |")
         intervals = gain.get("intervals") or {}
         if any(intervals.values()):
-            cells = ["95% interval of that gain"] + [_interval(intervals.get(c["key"])) for c in cols]
+            cells = ["95% interval of that gain"] + [fmt_interval(intervals.get(c["key"])) for c in cols]
             lines.append("| " + " | ".join(cells + [""] * len(EFFICIENCY)) + " |")
             lines += ["", ("Gain intervals: paired bootstrap over the task's queries (STS: its pairs); * = the "
                           "interval excludes 0.  A training run's seed adds noise of its own.")]
@@ -136,18 +125,18 @@ ST_SNIPPET = ["```python", "from sentence_transformers import SentenceTransforme
               "print(model.similarity(q, d))", "```", ""]
 
 
-def load_section(record: dict, name: str, kind: str, folder: Path | None = None) -> list[str]:
+def load_section(record: dict, name: str, family: Family, folder: Path | None = None) -> list[str]:
     """sentence-transformers (where the folder has its files, care.encoders.st_folder), FlagEmbedding for M3's
     heads, then this project's own loading."""
     m = record.get("model") or {}
     if folder is not None and (folder / "modules.json").is_file():
         lines = ["**sentence-transformers** (the folder carries its modules, prompts and pooling"
-                 + ("; a Router sends queries to the query tower and documents to the document tower" if kind == "care"
-                    else "") + "):", ""]
+                 + ("; a Router sends queries to the query tower and documents to the document tower"
+                    if family.towers else "") + "):", ""]
         lines += [line.replace("{name}", name) for line in ST_SNIPPET]
     else:
         lines = ["This folder has no sentence-transformers files: load it through this project (below).", ""]
-    if kind == "m3":
+    if family.flag_embedding:
         lines += _flag_snippet(name, m.get("pooling", "cls"))
     return lines + ["**This project**:", ""] + _project_snippet(name)
 
@@ -207,14 +196,14 @@ def lineage_section(record: dict) -> list[str]:
                       "|---|---:|---:|---:|---:|---:|"]
             for name, v in leak["eval_sets"].items():
                 b = v.get("before") or {}
-                lines.append(f"| {name} | {_fmt(v.get('queries'), 0)} | {b.get('as_query', 0)} | {b.get('as_text', 0)} "
+                lines.append(f"| {name} | {fmt_number(v.get('queries'), 0)} | {b.get('as_query', 0)} | {b.get('as_text', 0)} "
                              f"| {b.get('relevant_pairs', 0)} | {v.get('after', 0)} |")
         sources = ((lineage.get("stages") or {}).get("import") or {}).get("sources")
         if sources:
             lines += ["", "Public sources read by the import stage (../shared/data; non-commercial research use): "
                       + ", ".join(f"`{s}`" for s in sources) + "."]
     n = data.get("examples", (lineage or {}).get("training_examples"))
-    lines += ["", (f"Training examples used: {_fmt(n, 0)} (group size {data.get('group_size')}; "
+    lines += ["", (f"Training examples used: {fmt_number(n, 0)} (group size {data.get('group_size')}; "
                   f"{data.get('short_of_negatives', 0)} short of negatives, {data.get('without_negatives', 0)} "
                   "without any).")]
     return lines
@@ -223,17 +212,17 @@ def lineage_section(record: dict) -> list[str]:
 def _stage_result(name: str, s: dict) -> str:
     if name == "import":
         o = s.get("outputs") or {}
-        return f"{_fmt(o.get('texts'), 0)} texts, {_fmt(o.get('pairs'), 0)} pairs, {_fmt(o.get('candidate_lists'), 0)} candidate lists"
+        return f"{fmt_number(o.get('texts'), 0)} texts, {fmt_number(o.get('pairs'), 0)} pairs, {fmt_number(o.get('candidate_lists'), 0)} candidate lists"
     if name == "dedup":
-        steps = " -> ".join(f"{k} {_fmt(v, 0)}" for k, v in (s.get("after") or {}).items())
+        steps = " -> ".join(f"{k} {fmt_number(v, 0)}" for k, v in (s.get("after") or {}).items())
         cos = f" (semantic cut cosine {s['semantic_cosine']})" if s.get("semantic_cosine") is not None else ""
-        return f"texts in {_fmt(s.get('texts_in'), 0)}; after {steps}{cos}"
+        return f"texts in {fmt_number(s.get('texts_in'), 0)}; after {steps}{cos}"
     if name == "build":
-        return (f"{_fmt(s.get('examples'), 0)} examples, {_fmt(s.get('training_pairs'), 0)} training pairs, "
-                f"{_fmt(s.get('texts'), 0)} texts")
+        return (f"{fmt_number(s.get('examples'), 0)} examples, {fmt_number(s.get('training_pairs'), 0)} training pairs, "
+                f"{fmt_number(s.get('texts'), 0)} texts")
     if name == "mine":
         w = s.get("window") or {}
-        return (f"{_fmt(s.get('examples'), 0)} examples, {s.get('negatives_per_example')} negatives each, window "
+        return (f"{fmt_number(s.get('examples'), 0)} examples, {s.get('negatives_per_example')} negatives each, window "
                 f"[{w.get('lo')}, {w.get('hi')}) by `{s.get('encoder')}`")
     return ""
 
@@ -264,12 +253,10 @@ def _short(value) -> str:
 
 # ---- citations ------------------------------------------------------------------------------------------
 
-def citation_section(kind: str, bases: list[str]) -> list[str]:
-    keys = []
-    if kind == "m3" or any("bge-m3" in b.lower() for b in bases):
-        keys.append("bge-m3")
-    if kind == "care":
-        keys.append("care")
+def citation_section(family: Family, bases: list[str]) -> list[str]:
+    keys = ["bge-m3"] if any("bge-m3" in b.lower() for b in bases) else []
+    if family.citation and family.citation not in keys:
+        keys.append(family.citation)
     if any("e5" in b.lower() for b in bases):
         keys.append("e5")
     lines = []

@@ -23,6 +23,7 @@ from omegaconf import OmegaConf
 from care.config import CONF_DIR, load_config
 from care.data.io import file_digest
 from care.encoders.registry import TRAINING_RECORD, read_record
+from care.families import family_of, tower_configs
 from care.paths import PROJECT_ROOT, cache_dir, outputs_dir, shared_data
 
 STAGES = ("import", "dedup", "build", "mine")
@@ -210,7 +211,7 @@ def _base_of(c: dict, depth: int = 0) -> str:
         start = ((record or {}).get("config") or {}).get("model") or {}
         if part:
             start = start.get(part) or {}
-        elif start.get("kind") == "care":
+        elif family_of(start).towers:
             start = {}  # a whole CARE model as a one-backbone start: name the folder itself
         if start and Path(str(start.get("path", ""))).expanduser().resolve() != folder.resolve():
             return _base_of(start, depth + 1)
@@ -223,11 +224,7 @@ def base_models(model_cfg: dict) -> list[str]:
     """The start model(s) of a model config (the training config's `model`): one for M3 / dense, the query
     and the document tower's for CARE, each as `_base_of` names it (hub_id, a hub path, else the folder's
     name)."""
-    if model_cfg.get("kind") == "care" or ("query" in model_cfg and "document" in model_cfg):
-        names = [_base_of(model_cfg.get("query") or {}), _base_of(model_cfg.get("document") or {})]
-    else:
-        names = [_base_of(model_cfg)]
-    return list(dict.fromkeys(names))
+    return list(dict.fromkeys(_base_of(tower) for tower in tower_configs(model_cfg)))
 
 
 # ---- settings -------------------------------------------------------------------------------------------

@@ -45,6 +45,7 @@ from omegaconf import DictConfig, OmegaConf
 from care.config import recipe
 from care.data.io import DataError, atomic_folder, file_digest, read_json
 from care.encoders.registry import CHECKPOINT_MODEL, TRAINING_RECORD
+from care.families import tower_configs
 from care.models.hub import read_torch, weights_digest
 
 # What a run folder holds besides its checkpoints (overwrite=true removes all of it).
@@ -77,7 +78,7 @@ def config_hash(cfg: DictConfig) -> str:
     which may move)."""
     c = recipe(OmegaConf.to_container(cfg, resolve=True), ignore=())
     c["data_digest"] = [file_digest(cfg.data.texts), file_digest(cfg.data.examples)]
-    paths = [cfg.model[side].path for side in ("query", "document")] if "query" in cfg.model else [cfg.model.path]
+    paths = [tower["path"] for tower in tower_configs(cfg.model)]
     c["start_weights"] = [weights_digest(p) for p in paths] if len(paths) > 1 else weights_digest(paths[0])
     return hashlib.sha256(json.dumps(c, sort_keys=True).encode()).hexdigest()[:16]
 

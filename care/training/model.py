@@ -19,6 +19,7 @@ from torch import nn
 from care.encoders.base import Encoder
 from care.encoders.m3 import M3Encoder
 from care.encoders.prompts import Prompts
+from care.families import family_of
 from care.models.m3 import M3Model, load_backbone
 from care.training.merge import merge_with_start
 
@@ -73,7 +74,7 @@ class M3Family:
         self.pooling = m.get("pooling", "cls")
         self.prompts = Prompts.from_config(m)
         self.dtype = training_dtype(t.get("dtype"))
-        if m.get("kind", "dense") == "m3":  # a checkpoint with trained heads
+        if family_of(m).folder_files:  # a checkpoint with trained heads (an M3 folder's head files)
             model = M3Model.load(m.path, self.pooling, dtype=self.dtype, build_hint=m.get("build_hint", ""))
         else:  # a plain encoder (e.g. multilingual-e5-small) with fresh, seeded heads
             model = M3Model.from_backbone(m.path, self.pooling, seed=cfg.seed, dtype=self.dtype)

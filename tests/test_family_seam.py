@@ -1,0 +1,113 @@
+"""The family seam (issue #34): every "which family is this model?" is answered by care/families.py alone.
+
+- A grep over every source file of the library, the stages, the benchmarks and the apps finds no family
+  branch outside care/families.py: no `kind` compared with a family's name, no config probed for its towers'
+  keys, no table keyed by family names, no second default kind (at 017c3b3 it found 39, on 35 lines of 15
+  files).  The scanner is held to hand-written lines that are and are not branches (the independent
+  reference).
+- The registry recognises each family from a model config and from a folder written as the project writes
+  it (conftest.py's tiny BERT; an M3 folder saved by care.models.m3; CARE towers built by
+  care.encoders.build.towers with a training record), and every hook it names imports from its own layer
+  (docs/design.md, "Layers").
+"""
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from care.families import FAMILIES, HOOK_LAYERS, TWO_TOWERS, family_of, hook, tower_configs
+from care.paths import PROJECT_ROOT
+
+REGISTRY = PROJECT_ROOT / "care" / "families.py"
+NAMES = "|".join(re.escape(n) for n in FAMILIES)
+SIDES = "|".join(TWO_TOWERS)
+BRANCHES = [  # (what, pattern): each a way the code at 017c3b3 asked "which family?"
+    ("kind compared with a family name",
+     re.compile(rf"""\bkind\b[^#\n]*?(==|!=|\bin\b)\s*[(\[{{]?\s*["']({NAMES})["']""")),
+    ("a family name compared with a kind", re.compile(rf"""["']({NAMES})["']\s*(==|!=)[^#\n]*\bkind\b""")),
+    ("a config probed for a tower's key", re.compile(rf"""["']({SIDES})["']\s+(not\s+)?in\s+(?![(\[{{])[A-Za-z_]""")),
+    ("a second default kind", re.compile(rf"""get\(\s*["']kind["']\s*,\s*["']({NAMES})["']""")),
+    ("a table keyed by family names", re.compile(rf"""\{{\s*["']({NAMES})["']\s*:[^{{}}]*?["']({NAMES})["']\s*:""")),
+]
+
+
+def sources() -> list[Path]:
+    """Every Python source of the library, the stages, the benchmarks and the apps, but the registry."""
+    found = [p for d in ("care", "data_pipeline", "bench") for p in sorted((PROJECT_ROOT / d).rglob("*.py"))]
+    return [p for p in found + sorted(PROJECT_ROOT.glob("*.py")) if p != REGISTRY]
+
+
+def family_branches(text: str) -> list[tuple[int, str]]:
+    """(line, what) for every family branch in a source text."""
+    hits = set()
+    for what, pattern in BRANCHES:
+        for m in pattern.finditer(text):
+            hits.add((text.count("\n", 0, m.start()) + 1, what))
+    return sorted(hits)
+
+
+@pytest.mark.parametrize(("line", "branch"), [
+    ('if model.get("kind") == "care":', True),
+    ('if kind in ("dense", "m3"):', True),
+    ('if "care" == cfg.model.kind:', True),
+    ('paths = [...] if "query" in cfg.model else [cfg.model.path]', True),
+    ('if "query" in model and "document" in model:', True),
+    ('kind = c.get("kind", "dense")', True),
+    ('TAGS = {"m3": "bge-m3",\n        "care": "care"}', True),
+    ('if method == "dense":', False),                       # a head, not a family
+    ('if "dense" not in self.heads:', False),
+    ('weights = {"dense": 1.0, "sparse": 1.0, "colbert": 1.0}', False),
+    ('for side in ("query", "document"):', False),
+    ('if kind == "cross-encoder":', False),                  # a teacher's kind
+    ('return {**model, "kind": "m3", "path": "."}', False),  # writing a config names its family
+])
+def test_the_scanner_tells_family_branches_from_other_code(line, branch):
+    assert bool(family_branches(line)) is branch
+
+
+def test_no_family_branch_outside_the_registry():
+    found = [f"{p.relative_to(PROJECT_ROOT)}:{line}: {what}" for p in sources()
+             for line, what in family_branches(p.read_text(encoding="utf-8"))]
+    assert found == [], f"{len(found)} family branches outside care/families.py:\n" + "\n".join(found)
+
+
+# ---- recognition ----------------------------------------------------------------------------------------
+
+def test_each_family_from_a_config():
+    assert family_of({"kind": "care", "query": {}, "document": {}}).towers == TWO_TOWERS
+    assert family_of({"kind": "m3", "path": "p"}).name == "m3"
+    assert family_of({"path": "p"}).name == "dense"  # no kind: the default
+    with pytest.raises(ValueError, match="unknown model kind 'colbert'"):
+        family_of({"kind": "colbert"})
+    assert tower_configs({"kind": "care", "query": {"path": "q"}, "document": {"path": "d"}}) == [
+        {"path": "q"}, {"path": "d"}]
+    assert tower_configs({"kind": "dense", "path": "p"}) == [{"kind": "dense", "path": "p"}]
+
+
+def test_each_family_from_a_written_folder(tiny_bert_dir, tmp_path):
+    from care.data.io import write_json
+    from care.encoders.build.towers import build_tiny
+    from care.encoders.registry import TRAINING_RECORD, detect
+    from care.models.m3 import M3Model
+
+    assert family_of(detect(tiny_bert_dir, {})).name == "dense"
+    M3Model.from_backbone(str(tiny_bert_dir), "cls", seed=0).save(tmp_path / "m3")
+    assert family_of(detect(tmp_path / "m3", {"kind": "dense"})).name == "m3"  # its head files say so
+    build_tiny(tmp_path / "care")
+    write_json(tmp_path / "care" / TRAINING_RECORD, {"model": {
+        "kind": "care", "name": "c", "query": {"path": "query"}, "document": {"path": "document"}}})
+    found = detect(tmp_path / "care", {"kind": "dense"})
+    assert family_of(found).name == "care"
+    assert [t["path"] for t in tower_configs(found)] == [str(tmp_path / "care" / s) for s in TWO_TOWERS]
+
+
+@pytest.mark.parametrize("name", sorted(FAMILIES))
+def test_every_hook_imports_from_its_own_layer(name):
+    family = FAMILIES[name]
+    for what, layer in HOOK_LAYERS.items():
+        spec = getattr(family, what)
+        if spec is not None:
+            assert spec.startswith(layer), f"{name}.{what} = {spec} lives outside {layer}"
+            assert hook(family, what) is not None
