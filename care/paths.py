@@ -3,6 +3,7 @@ working directory; each can be moved with an environment variable or a Hydra ove
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 
 from omegaconf import OmegaConf
@@ -34,3 +35,44 @@ def register_resolvers() -> None:
     }
     if not OmegaConf.has_resolver("paths"):
         OmegaConf.register_new_resolver("paths", lambda key: table[key]())
+
+
+# ---- how a written file names a local path ---------------------------------------------------------------
+# No file the project writes (a run's care_training.json, a card, summary.json, a stage's stats.json) names
+# the machine it was written on (tests/test_no_machine_paths.py): a path is stored relative.
+ABSOLUTE = re.compile(r"(?<![\w.:/~-])(?:~/|/)(?:[\w.@+-]+/)*[\w.@+-]+")
+
+
+def relative_name(path: str | Path, base: str | Path | None = None) -> str:
+    """A local path as a written file names it: relative to `base` (the folder the file describes) when
+    under it, else from the project's outputs/, .cache/ or shared data folder or the project root, else by
+    its last part alone."""
+    p = Path(path).expanduser()
+    roots = [(Path(base).resolve(), "")] if base is not None else []
+    for root, label in [*roots, (outputs_dir(), "outputs"), (cache_dir(), ".cache"), (shared_data(), "shared/data"),
+                        (PROJECT_ROOT, "")]:
+        try:
+            rel = p.resolve().relative_to(root)
+        except (ValueError, OSError):
+            continue
+        return str(Path(label) / rel) if label else str(rel)
+    return p.name or "."
+
+
+def scrub(text: str, base: str | Path | None = None) -> str:
+    """`text` (prose: a build hint, a card) with every absolute path in it named as relative_name does."""
+    return ABSOLUTE.sub(lambda m: relative_name(m.group(0), base), text)
+
+
+def portable(value, base: str | Path | None = None):
+    """`value` (nested dicts and lists too, their keys included) with every absolute local path, alone or
+    inside a sentence, named as relative_name does."""
+    if isinstance(value, dict):
+        return {portable(k, base): portable(v, base) for k, v in value.items()}  # keys too (a stage's inputs)
+    if isinstance(value, (list, tuple)):
+        return [portable(v, base) for v in value]
+    if isinstance(value, str) and value.startswith(("/", "~/")) and "\n" not in value and " " not in value:
+        return relative_name(value, base)
+    if isinstance(value, str) and "/" in value:
+        return scrub(value, base)
+    return value

@@ -1,7 +1,7 @@
 """Where a model came from, and how a card names paths: nothing here writes a file.
 
-    portable(value)                                every absolute local path in `value` made relative
-    scrub(text)                                    the same for paths left in rendered prose
+    portable(value) / scrub(text)                  every absolute local path made relative (care.paths, where
+                                                   every writer of a file finds them)
     model_id(folder) -> str                        how a card names its own folder ("<run>/final")
     data_lineage(texts, examples) -> dict          the data pipeline's stats behind a pair of training files
     base_models(model_cfg) -> list[str]            the start model(s): hub ids where known, else folder names
@@ -24,11 +24,10 @@ from care.config import CONF_DIR, load_config
 from care.data.io import file_digest
 from care.encoders.registry import TRAINING_RECORD, read_record
 from care.families import family_of, tower_configs
-from care.paths import PROJECT_ROOT, cache_dir, outputs_dir, shared_data
+from care.paths import portable, relative_name, scrub  # noqa: F401  (portable, scrub: card.py imports them here)
 
 STAGES = ("import", "dedup", "build", "mine")
 HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[A-Za-z0-9][\w.-]*)?$")
-ABSOLUTE = re.compile(r"(?<![\w.:/~-])(?:~/|/)(?:[\w.@+-]+/)*[\w.@+-]+")
 # Settings never shown as "differs from the default": where files go and what the run is called (the
 # data files are in the lineage section).
 NOT_SETTINGS = ("output_dir", "run_name", "experiment_name", "data.dir", "data.texts", "data.examples",
@@ -36,35 +35,6 @@ NOT_SETTINGS = ("output_dir", "run_name", "experiment_name", "data.dir", "data.t
 
 
 # ---- paths ----------------------------------------------------------------------------------------------
-
-def portable(value):
-    """`value` (nested dicts and lists too) with every absolute local path made relative: under the
-    project's outputs/, .cache/ or shared data folder it is named from there, elsewhere by its last part."""
-    if isinstance(value, dict):
-        return {k: portable(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [portable(v) for v in value]
-    if isinstance(value, str) and value.startswith(("/", "~/")) and "\n" not in value and " " not in value:
-        return _relative(value)
-    return value
-
-
-def _relative(path: str) -> str:
-    p = Path(path).expanduser()
-    for root, label in ((outputs_dir(), "outputs"), (cache_dir(), ".cache"), (shared_data(), "shared/data"),
-                        (PROJECT_ROOT, "")):
-        try:
-            rel = p.resolve().relative_to(root)
-        except (ValueError, OSError):
-            continue
-        return str(Path(label) / rel) if label else str(rel)
-    return p.name or "."
-
-
-def scrub(text: str) -> str:
-    """The safety net over the rendered body: any absolute path left in prose becomes relative."""
-    return ABSOLUTE.sub(lambda m: _relative(m.group(0)), text)
-
 
 def model_id(folder: str | Path) -> str:
     """How the card names its own folder: "<run>/final" for a training run's final/, best/ or tuned/."""
@@ -142,7 +112,7 @@ def data_lineage(texts_path: str | Path, examples_path: str | Path) -> dict:
     report.  Files of your own, with no stage stats beside them, give {"pipeline": False, "note": ...}.
     JSON-able; stored by the trainer in care_training.json under "lineage"."""
     texts, examples = Path(texts_path), Path(examples_path)
-    files = {"texts": _relative(str(texts.resolve())), "examples": _relative(str(examples.resolve()))}
+    files = {"texts": relative_name(str(texts.resolve())), "examples": relative_name(str(examples.resolve()))}
     for key, path in (("texts", texts), ("examples", examples)):
         if path.is_file():
             files[f"{key}_digest"] = file_digest(path)

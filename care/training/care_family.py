@@ -203,7 +203,11 @@ class CAREFamily:
             tower.model.save_pretrained(out / "document_adapter")
             adapter = out / "document_adapter" / "adapter_config.json"  # peft records the base by its local path
             config = json.loads(adapter.read_text(encoding="utf-8"))
-            write_json(adapter, {**config, "base_model_name_or_path": portable(config.get("base_model_name_or_path"))})
+            base = config.get("base_model_name_or_path")
+            write_json(adapter, {**config, "base_model_name_or_path": portable(base)})
+            readme = adapter.with_name("README.md")  # peft's template card names it too ("adapter:/path"), so
+            if base and readme.is_file():  # replaced as a whole string, not by path pattern
+                readme.write_text(readme.read_text(encoding="utf-8").replace(base, portable(base)), encoding="utf-8")
             merged = copy.deepcopy(tower.model).merge_and_unload()
             merged.save_pretrained(out / "document")
             tower.tokenizer.save_pretrained(out / "document")

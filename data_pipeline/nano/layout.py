@@ -20,6 +20,7 @@ from pathlib import Path
 import numpy as np
 
 from care.data.io import atomic_open
+from care.paths import scrub
 
 MTEB_QRELS = "mteb_qrels"
 LABELS = {"bm25": "BM25", "reranking_hybrid": "Hybrid"}  # the dense config is labelled "Dense"
@@ -133,4 +134,4 @@ def write_card(out: Path, title: str, intro: list[str], split_names: list[str], 
              "| Item | Value |", "|---|---:|", f"| Safeguard positives | {safeguards} |",
              f"| Rows limited by corpus size | {limited} |", "| Metadata file | reranking_hybrid_metadata.json |", ""]
     with atomic_open(out / "README.md") as fh:
-        fh.write("\n".join(lines))
+        fh.write(scrub("\n".join(lines)))  # a source named by its folder: relative (care.paths.scrub)

@@ -11,6 +11,7 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from care.data.io import write_json
+from care.paths import portable
 from data_pipeline.nano import candidates, layout
 from data_pipeline.nano.select import Selection
 from data_pipeline.nano.sources import SourceTask
@@ -73,7 +74,7 @@ def build_split(task: SourceTask, sel: Selection, encoder, cache, opts: dict, de
             "qrel_count": sum(len(v) for v in sel.qrels.values()),
             "bm25": {**candidates.list_counts(lists["bm25"]), **tokenizer},
             dense: candidates.list_counts(lists[dense]), "reranking_hybrid": hybrid_meta}
-    split_meta = {**sel.metadata, "source": task.provenance, "files_sha256": digests,
+    split_meta = {**sel.metadata, "source": portable(task.provenance), "files_sha256": digests,  # no machine path
                   "candidate_quality": {c: {k: v for k, v in q.items() if k != "per_query"} for c, q in quality.items()},
                   "seconds": {"bm25": round(t_bm25 - start, 2), "dense": round(t_dense - t_bm25, 2),
                               "total": round(time.perf_counter() - start, 2)}}

@@ -33,6 +33,7 @@ from care.data.stage_cache import claim_outputs, fingerprint, up_to_date
 from care.encoders.prompts import legacy_keyed
 from data_pipeline.nano import candidates, layout
 from data_pipeline.nano.select import Selection, select
+from care.paths import relative_name
 from data_pipeline.nano.shared_data import shared_tasks
 from data_pipeline.nano.sources import SourceTask, read_task
 from data_pipeline.nano.split import build_split
@@ -210,7 +211,7 @@ def _write_dataset_files(out: Path, opts: dict, model: dict, dense: str, built: 
     prompts = encoder.prompts
     configs = {"bm25": {"top_k": opts["bm25"]["top_k"], "tokenizer": opts["bm25"]["tokenizer"],
                         "method": opts["bm25"]["method"], "k1": opts["bm25"]["k1"], "b": opts["bm25"]["b"]},
-               dense: {"model": model.get("label", model["name"]), "model_path": str(model["path"]),
+               dense: {"model": model.get("label", model["name"]), "model_path": relative_name(model["path"]),
                        "top_k": opts["dense"]["top_k"], "query_prompt_name": None,
                        "query_prompt": prompts.apply([""], "query", "retrieval")[0],
                        "document_prompt_name": None, "document_prompt": prompts.apply([""], "document", "retrieval")[0],
