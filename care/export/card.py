@@ -167,10 +167,10 @@ def write_model_card(folder: str | Path, record: dict, evaluation: dict | None =
             # no lineage stored at training time: read it now from the files the config names, and say so
             record = {**record, "lineage": {**data_lineage(data["texts"], data["examples"]), "read_at": "card"}}
     card = ModelCard.from_template(card_data(folder, record, evaluation), template_str=TEMPLATE,
-    existing = path.read_text(encoding="utf-8") if path.is_file() else None
-    text = compose(str(card), existing, str(path))  # CardKept: a README that is not the project's own stays
                                    body=card_body(folder, record, evaluation))
     path = folder / CARD
+    existing = path.read_text(encoding="utf-8") if path.is_file() else None
+    text = compose(str(card), existing, str(path))  # CardKept: a README that is not the project's own stays
     with atomic_open(path) as fh:
         fh.write(text)
     return path
