@@ -216,30 +216,35 @@ def release_lock_after(method):
     return wrapper
 
 
+@contextlib.contextmanager
+def locked_folder(folder: str | Path, kind: str, force: bool = False):
+    """Hold the lock of `folder` for the block (RunLock), released when it ends or raises.  A block that
+    fails having written nothing leaves the folder as it found it: the lock file it added is unlinked while
+    still held (a process opening the path after that creates a new file; none can share the old one), and a
+    folder it created is removed, so a failed run leaves no folder holding only `.run.lock`."""
+    folder = Path(folder)
+    before = set(os.listdir(folder)) if folder.is_dir() else None
+    lock = RunLock(folder, kind, force=force).acquire()
+    try:
+        yield lock
+    except BaseException:
+        added = set(os.listdir(folder)) - (before or set()) if folder.is_dir() else set()
+        if added <= {LOCK_NAME, lock.info.name}:
+            if LOCK_NAME in added:
+                lock.path.unlink(missing_ok=True)
+            lock.release()
+            if before is None:
+                with contextlib.suppress(OSError):  # not empty: another run has just taken the folder
+                    folder.rmdir()
+        raise
+    finally:
+        lock.release()
+
+
 def locked_out_dir(run, key: str = "out_dir", kind: str = "evaluation"):
-    """`run(cfg)` holding the lock of cfg[key] (evaluate.py's main), released when it returns or raises.
-    A run that fails having written nothing leaves the folder as it found it: the lock file it added is
-    unlinked while still held (a process opening the path after that creates a new file; none can share the
-    old one), and a folder it created is removed, so a failed evaluation leaves no out_dir holding only
-    `.run.lock`."""
+    """`run(cfg)` holding the lock of cfg[key] (evaluate.py's main) for its whole run (locked_folder)."""
     @functools.wraps(run)
     def wrapper(cfg):
-        folder = Path(cfg[key])
-        before = set(os.listdir(folder)) if folder.is_dir() else None
-        lock = RunLock(folder, kind, force=bool(cfg.get(FORCE_KEY, False))).acquire()
-        try:
-            result = run(cfg)
-        except BaseException:
-            added = set(os.listdir(folder)) - (before or set()) if folder.is_dir() else set()
-            if added <= {LOCK_NAME, lock.info.name}:
-                if LOCK_NAME in added:
-                    lock.path.unlink(missing_ok=True)
-                lock.release()
-                if before is None:
-                    with contextlib.suppress(OSError):  # not empty: another run has just taken the folder
-                        folder.rmdir()
-            raise
-        finally:
-            lock.release()
-        return result
+        with locked_folder(Path(cfg[key]), kind, force=bool(cfg.get(FORCE_KEY, False))):
+            return run(cfg)
     return wrapper

@@ -35,10 +35,11 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
-from care.data.io import atomic_open, write_json, write_jsonl
+from care.data.io import atomic_open, write_jsonl
 from care.data.records import Pair, QueryCandidates, Text, native_id
 from care.data.sources import code_files, read_source, source_files
-from care.data.stage_cache import claim_outputs, fingerprint, mark_in_progress, up_to_date
+from care.data.stage_cache import fingerprint
+from care.data.stage_start import stage_start
 
 OPEN_STAND_IN = ("open stand-in built from public data (data README); not the real CMedTEB / cMedQA2 sets, "
                  "scores are not comparable with published ones")
@@ -190,8 +191,9 @@ BUILDERS = {"cmedteb_open": (build_cmedteb_open, ["cepilepsyqa", "cmedqa2_pairs"
             "cmedqa2_retrieval": (build_cmedqa2_retrieval, ["cmedqa2_pairs"])}
 
 
-def build(name: str, data: dict, data_dir: str | Path, force: bool = False) -> dict:
-    """Build one stand-in benchmark into data_dir/benchmarks/<name> unless it is up to date."""
+def build(name: str, data: dict, data_dir: str | Path, cfg=None) -> dict:
+    """Build one stand-in benchmark into data_dir/benchmarks/<name> unless it is up to date (`cfg`: the
+    pipeline config, for force= and lock_force=; none: neither)."""
     if name not in BUILDERS:
         raise ValueError(f"no stand-in builder '{name}' (choose one of {', '.join(BUILDERS)})")
     builder, sources = BUILDERS[name]
@@ -202,23 +204,22 @@ def build(name: str, data: dict, data_dir: str | Path, force: bool = False) -> d
     used = {s: data["sources"][s] for s in sources}
     inputs = [f for opts in used.values() for f in source_files(opts, root)] + CODE
     fp = fingerprint(inputs, {"name": name, "root": str(root), "sources": used})
-    if not force and (old := up_to_date(out, fp)):
-        return {**old, "skipped": True}
-    claim_outputs(out, "benchmarks", OUTPUTS[name], force)
-    start = time.perf_counter()
-    mark_in_progress(out, "benchmarks")  # the builder writes slot by slot
-    slots = builder(data, out)
-    stats = {"stage": "benchmarks", "benchmark": name, "fingerprint": fp, "note": OPEN_STAND_IN,
-             "seconds": round(time.perf_counter() - start, 2), "slots": slots}
-    write_json(out / "stats.json", stats)  # last: an interrupted build leaves no fresh fingerprint
-    return stats
+    with stage_start(cfg, "benchmarks", out, fp, OUTPUTS[name]) as start:
+        if start.done:
+            return start.skip()
+        t0 = time.perf_counter()
+        start.writing()  # the builder writes slot by slot
+        slots = builder(data, out)
+        stats = {"stage": "benchmarks", "benchmark": name, "fingerprint": fp, "note": OPEN_STAND_IN,
+                 "seconds": round(time.perf_counter() - t0, 2), "slots": slots}
+        return start.finish(stats)  # stats.json last: an interrupted build leaves no fresh fingerprint
 
 
 def run(cfg: DictConfig) -> dict:
     data = OmegaConf.to_container(cfg.data, resolve=True)
     stats = {}
     for name in BUILDERS:
-        stats[name] = build(name, data, cfg.data_dir, force=cfg.get("force", False))
+        stats[name] = build(name, data, cfg.data_dir, cfg)
         state = "unchanged, skipped" if stats[name].get("skipped") else f"built in {stats[name]['seconds']} s"
         print(f"benchmarks/{name}: {state} ({OPEN_STAND_IN})")
         for slot, s in stats[name]["slots"].items():

@@ -32,10 +32,12 @@ from omegaconf import DictConfig, OmegaConf
 from care.data.examples import read_example_rows, write_examples
 from care.data.io import DataError, read_jsonl, read_jsonl_numbered, read_text_store, write_json, write_jsonl
 from care.data.records import Example
-from care.data.stage_cache import claim_outputs, fingerprint, mark_in_progress, up_to_date
+from care.data.stage_cache import fingerprint
+from care.data.stage_start import stage_start
 from data_pipeline.leakage import EvalSet, admitted_texts, apply_leakage_rule
 
 FROM = {"pairs": "pairs.jsonl", "candidates": "candidates.jsonl"}
+OUTPUTS = ("examples.jsonl", "texts.jsonl", "leakage.json", "unlabelled_texts.jsonl")
 
 
 # ---- reading the import files ------------------------------------------------------------------------
@@ -166,15 +168,21 @@ def run(cfg: DictConfig) -> dict:
     input_dir, out_dir = Path(c["input_dir"]), Path(c["out_dir"])
     inputs = [input_dir / "texts.jsonl", *(input_dir / name for name in FROM.values())]
     fp = fingerprint(inputs, c)
-    if not cfg.get("force") and (old := up_to_date(out_dir, fp)):
-        print(f"build: inputs and config unchanged, skipped ({out_dir})")
-        return {**old, "skipped": True}
     for spec in c["rules"] + c["eval_sets"]:
         if spec.get("from") not in FROM:
             raise ValueError(f"build config entry {spec.get('name')!r}: `from` must be one of {list(FROM)}, "
                              f"not {spec.get('from')!r}")
-    claim_outputs(out_dir, "build", ("examples.jsonl", "texts.jsonl", "leakage.json", "unlabelled_texts.jsonl"),
-                  bool(cfg.get("force")))
+    with stage_start(cfg, "build", out_dir, fp, OUTPUTS) as start:
+        if start.done:
+            return start.skip(f"build: inputs and config unchanged, skipped ({out_dir})")
+        stats, leakage = _build(c, input_dir, fp, start)
+    _print_table(stats["rules"], leakage)
+    return stats
+
+
+def _build(c: dict, input_dir: Path, fp: str, start) -> tuple[dict, dict]:
+    """The examples, the leakage rule, the outputs and stats.json (last); (stats, the leakage report)."""
+    out_dir = start.out
     t0 = time.perf_counter()
     texts = read_text_store(input_dir / "texts.jsonl")
     by_rule = collect_examples(input_dir, c["rules"], texts)
@@ -198,7 +206,7 @@ def run(cfg: DictConfig) -> dict:
     used = dict.fromkeys(tid for ex in final for tid in [ex.query_id, *ex.pos_ids])
     unlabelled = _unlabelled(c.get("unlabelled") or {}, eval_sets, texts, used, c["leakage"], input_dir)
     t_unlabelled = time.perf_counter() - t0 - t_read - t_leak
-    mark_in_progress(out_dir, "build")
+    start.writing()
     write_examples(out_dir / "examples.jsonl", (ex.row() for ex in final))
     write_jsonl(out_dir / "texts.jsonl", ({"id": tid, "text": texts[tid]} for tid in used))
     write_json(out_dir / "leakage.json", leakage)
@@ -210,9 +218,7 @@ def run(cfg: DictConfig) -> dict:
              "leakage_removed": leakage["removed"],
              "seconds": {"read": round(t_read, 2), "leakage": round(t_leak, 2), "unlabelled": round(t_unlabelled, 2),
                          "total": round(time.perf_counter() - t0, 2)}}
-    write_json(out_dir / "stats.json", stats)
-    _print_table(per_rule, leakage)
-    return stats
+    return start.finish(stats), leakage
 
 
 def _print_table(per_rule: dict, leakage: dict) -> None:

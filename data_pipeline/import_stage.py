@@ -21,13 +21,15 @@ from tqdm import tqdm
 
 import care.data.records
 import care.data.sources
-from care.data.io import file_digest, write_json, write_jsonl
+from care.data.io import file_digest, write_jsonl
 from care.data.records import Pair, QueryCandidates, Text, to_json
 from care.data.sources import read_source, source_files
-from care.data.stage_cache import claim_outputs, fingerprint, mark_in_progress, up_to_date
+from care.data.stage_cache import fingerprint
+from care.data.stage_start import stage_start
 
 # The reader code is an input too: a fixed reader must not be skipped as "unchanged".
 CODE = [*care.data.sources.code_files(), Path(care.data.records.__file__), Path(__file__)]
+OUTPUTS = ("texts.jsonl", "pairs.jsonl", "candidates.jsonl")
 
 
 def run(cfg: DictConfig) -> dict:
@@ -35,12 +37,19 @@ def run(cfg: DictConfig) -> dict:
     root, out = Path(data["root"]), Path(cfg.data_dir) / "import"
     files = [f for opts in data["sources"].values() for f in source_files(opts, root)]
     fp = fingerprint(files + CODE, data)
-    if not cfg.get("force", False) and (old := up_to_date(out, fp)):
-        print(f"import: inputs, config and code unchanged (fingerprint {fp}): skipped; force=true re-runs it")
-        return {**old, "skipped": True}
-    claim_outputs(out, "import", ("texts.jsonl", "pairs.jsonl", "candidates.jsonl"), cfg.get("force", False))
+    with stage_start(cfg, "import", out, fp, OUTPUTS) as start:
+        if start.done:
+            return start.skip(f"import: inputs, config and code unchanged (fingerprint {fp}): skipped; "
+                              "force=true re-runs it")
+        stats = _import(data, root, files, fp, start)
+    print(_table(stats, out))
+    return stats
 
-    start = time.perf_counter()
+
+def _import(data: dict, root: Path, files: list[Path], fp: str, start) -> dict:
+    """Read every source, write the three files and stats.json (last) into the stage's folder."""
+    out = start.out
+    t0 = time.perf_counter()
     texts: dict[str, Text] = {}
     pairs: list[Pair] = []
     candidates: list[QueryCandidates] = []
@@ -68,20 +77,18 @@ def run(cfg: DictConfig) -> dict:
             **report.as_dict(),
         }
 
-    mark_in_progress(out, "import")
+    start.writing()
     write_jsonl(out / "texts.jsonl", (to_json(t) for t in texts.values()))
     write_jsonl(out / "pairs.jsonl", (to_json(p) for p in pairs))
     write_jsonl(out / "candidates.jsonl", (to_json(c) for c in candidates))
     stats = {
         "stage": "import", "fingerprint": fp, "on_error": data.get("on_error", "stop"), "root": str(root),
-        "seconds": round(time.perf_counter() - start, 2),
+        "seconds": round(time.perf_counter() - t0, 2),
         "inputs": {str(f): file_digest(f) for f in files if f.is_file()},
         "outputs": {"texts": len(texts), "pairs": len(pairs), "candidate_lists": len(candidates)},
         "sources": per_source,
     }
-    write_json(out / "stats.json", stats)  # last: a crash before this point leaves no fresh fingerprint
-    print(_table(stats, out))
-    return stats
+    return start.finish(stats)  # stats.json last: a crash before this point leaves no fresh fingerprint
 
 
 def _table(stats: dict, out: Path) -> str:

@@ -26,7 +26,8 @@ from omegaconf import DictConfig, OmegaConf
 
 from care.data.examples import read_example_rows, write_examples
 from care.data.io import read_jsonl, read_text_store, save_figure, write_json, write_jsonl
-from care.data.stage_cache import claim_outputs, fingerprint, mark_in_progress, up_to_date
+from care.data.stage_cache import fingerprint
+from care.data.stage_start import stage_start
 from care.encoders import Encoder, build_encoder
 from care.encoders.cache import EmbeddingCache, embed
 from care.encoders.prompts import legacy_keyed
@@ -164,7 +165,7 @@ def run(cfg: DictConfig) -> dict:
     opts = OmegaConf.to_container(cfg.mine, resolve=True)
     if opts["similarity"] not in SIMILARITY:
         raise ValueError(f"mine.similarity must be one of {SIMILARITY}, not {opts['similarity']!r}")
-    rules = positive_rules(opts)
+    positive_rules(opts)  # checked before any work
     window = mining_window(cfg)
     in_dir, out_dir = Path(opts["input_dir"]), Path(opts["out_dir"])
     clusters_path = Path(opts["dedup_clusters"]) if opts.get("dedup_clusters") else None
@@ -177,11 +178,15 @@ def run(cfg: DictConfig) -> dict:
     settings = {k: v for k, v in opts.items() if k not in RULES or v is not None}
     fp = fingerprint(inputs, {"mine": settings, "window": window, "model": model,
                               "weights": weights_digest(model["path"]), "format": FORMAT})
-    if not cfg.get("force") and (old := up_to_date(out_dir, fp)):
-        print(f"mine: inputs, encoder and config unchanged, skipped ({out_dir})")
-        return {**old, "skipped": True}
-    claim_outputs(out_dir, "mine", OUTPUTS, bool(cfg.get("force")))
+    with stage_start(cfg, "mine", out_dir, fp, OUTPUTS) as start:
+        if start.done:
+            return start.skip(f"mine: inputs, encoder and config unchanged, skipped ({out_dir})")
+        return _mine(cfg, opts, window, clusters_path, fp, start)
 
+
+def _mine(cfg: DictConfig, opts: dict, window: dict, clusters_path: Path | None, fp: str, start) -> dict:
+    """Negatives for every example, the outputs and stats.json (last)."""
+    rules, in_dir, out_dir = positive_rules(opts), Path(opts["input_dir"]), start.out
     t0 = time.perf_counter()
     texts = read_text_store(in_dir / "texts.jsonl")
     examples = read_examples(in_dir / "examples.jsonl", texts)
@@ -197,7 +202,7 @@ def run(cfg: DictConfig) -> dict:
                      "neg_ids": m.neg_ids, "neg_scores": m.neg_scores, "rule": ex.get("rule"),
                      "pool": ex["pool"], "fallback": m.fallback})
     used = dict.fromkeys(t for r in rows for t in [r["query_id"], *r["pos_ids"], *r["neg_ids"]])
-    mark_in_progress(out_dir, "mine")
+    start.writing()
     write_jsonl(out_dir / "texts.jsonl", ({"id": t, "text": texts[t]} for t in used))
     write_examples(out_dir / "train.jsonl", rows)
     export_flag(out_dir / "train.jsonl", out_dir / "texts.jsonl", out_dir / "flag_train.jsonl")
@@ -226,7 +231,7 @@ def run(cfg: DictConfig) -> dict:
              + "".join(f", {name} {value:g}" for name, value in rules.items()))
     plot_histogram(out_dir / "neg_similarity.png", np.concatenate(neighbour_sims), kept_scores, filled_scores,
                    window, title, opts["histogram_bins"])
-    write_json(out_dir / "stats.json", stats)  # last: its fingerprint marks the outputs complete
+    stats = start.finish(stats)  # stats.json last: its fingerprint marks the outputs complete
     print(f"mine: {len(rows):,} examples, {stats['negatives']['total']:,} negatives "
           f"({stats['negatives']['per_example_mean']} per example); "
           f"{stats['examples_short_before_fallback']:,} had fewer than {opts['min_negatives']} in "

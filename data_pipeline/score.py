@@ -29,8 +29,9 @@ import numpy as np
 from omegaconf import DictConfig, OmegaConf
 
 from care.data.examples import read_example_rows, write_examples
-from care.data.io import read_text_store, save_figure, write_json
-from care.data.stage_cache import claim_outputs, fingerprint, mark_in_progress, up_to_date
+from care.data.io import read_text_store, save_figure
+from care.data.stage_cache import fingerprint
+from care.data.stage_start import stage_start
 from data_pipeline.build import export_flag
 from data_pipeline.teachers import load_teacher, resolve_teacher, teacher_identity
 
@@ -125,11 +126,15 @@ def run(cfg: DictConfig) -> dict:
     inputs = [in_dir / "train.jsonl", in_dir / "texts.jsonl"]
     settings = {k: v for k, v in opts.items() if k not in RUN_SETTINGS}
     fp = fingerprint(inputs, {"score": settings, "teacher": teacher_identity(spec, opts)})
-    if not cfg.get("force") and (old := up_to_date(out_dir, fp)):
-        print(f"score: inputs, teacher and config unchanged, skipped ({out_dir})")
-        return {**old, "skipped": True}
-    claim_outputs(out_dir, "score", OUTPUTS, bool(cfg.get("force")))
+    with stage_start(cfg, "score", out_dir, fp, OUTPUTS) as start:
+        if start.done:
+            return start.skip(f"score: inputs, teacher and config unchanged, skipped ({out_dir})")
+        return _score(opts, spec, in_dir, fp, start)
 
+
+def _score(opts: dict, spec: dict, in_dir: Path, fp: str, start) -> dict:
+    """The teacher's score of every distinct pair, the outputs and stats.json (last)."""
+    out_dir = start.out
     t0 = time.perf_counter()
     texts = read_text_store(in_dir / "texts.jsonl")
     rows = read_training(in_dir / "train.jsonl", texts)
@@ -143,7 +148,7 @@ def run(cfg: DictConfig) -> dict:
         scored.append({**row, "teacher_pos_scores": [round(float(scores[i]), 6) for i in pos],
                        "teacher_neg_scores": [round(float(scores[i]), 6) for i in neg]})
 
-    mark_in_progress(out_dir, "score")
+    start.writing()
     link_or_copy(in_dir / "texts.jsonl", out_dir / "texts.jsonl")
     write_examples(out_dir / "train.jsonl", scored)
     export_flag(out_dir / "train.jsonl", out_dir / "texts.jsonl", out_dir / "flag_train.jsonl")
@@ -165,7 +170,7 @@ def run(cfg: DictConfig) -> dict:
     }
     title = f"{teacher.kind} teacher {teacher.name}\n{len(scored):,} examples, {len(pairs):,} distinct pairs"
     plot_histogram(out_dir / "teacher_scores.png", pos, neg, title, teacher.scale, int(opts["histogram_bins"]))
-    write_json(out_dir / "stats.json", stats)  # last: its fingerprint marks the outputs complete
+    stats = start.finish(stats)  # stats.json last: its fingerprint marks the outputs complete
     share = signal["share_neg_above_best_pos"]
     print(f"score: {len(scored):,} examples, {len(pairs):,} distinct pairs by {teacher.kind} {teacher.name} "
           f"({_cache_line(stats['cache'])}); positives mean {stats['positives'].get('mean')}, negatives mean "

@@ -22,6 +22,7 @@ import pytest
 from omegaconf import OmegaConf, open_dict
 
 from care.config import load_config
+from care.data import stage_start
 from care.data.io import DataError
 from care.data.stage_cache import ForeignOutputError, claim_outputs, mark_in_progress
 from care.paths import PROJECT_ROOT
@@ -152,7 +153,7 @@ def test_dedup_reruns_over_its_own_outputs(tmp_path, monkeypatch):
     def crash(path, obj):
         raise RuntimeError("killed")
 
-    monkeypatch.setattr(dedup, "write_json", crash)
+    monkeypatch.setattr(stage_start, "write_json", crash)  # stats.json, written last (care/data/stage_start.py)
     with pytest.raises(RuntimeError, match="killed"):
         _dedup(src, other)
     assert (other / "kept.jsonl").exists()

@@ -44,15 +44,26 @@ def atomic_open(path: str | Path, mode: str = "w", encoding: str | None = "utf-8
 
 
 @contextlib.contextmanager
-def atomic_folder(path: str | Path):
+def atomic_folder(path: str | Path, keep=None):
     """Build a folder beside `path` (the block writes into the yielded temporary folder), then swap it in
-    whole, so a crash never leaves half a model or checkpoint.  An existing `path` is replaced."""
+    whole, so a crash never leaves half a model or checkpoint.  An existing `path` is replaced; `keep(path)`
+    names entries of it the new folder keeps, carried over just before the swap: a file as a hard link (the
+    same file, so a run lock held on it, care/runlock.py, stays held across the swap), a folder moved."""
     out = Path(path)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
     tmp.chmod(0o755)  # mkdtemp makes it private; a model folder is meant to be shared
     try:
         yield tmp
+        for name in keep(out) if keep is not None and out.is_dir() else ():
+            src, dst = out / name, tmp / name
+            if src.is_file() and not dst.exists():
+                try:
+                    os.link(src, dst)
+                except OSError:  # no hard links here: moved (a lock taken in this instant may be lost)
+                    os.replace(src, dst)
+            elif src.exists() and not dst.exists():
+                os.replace(src, dst)
         if out.exists():
             old = out.with_name(f".{out.name}.old-{os.getpid()}")
             os.replace(out, old)

@@ -21,7 +21,8 @@ import numpy as np
 from omegaconf import DictConfig, OmegaConf
 
 from care.data import stage_cache
-from care.data.io import DataError, file_digest, read_text_rows, save_figure, write_json, write_jsonl
+from care.data.io import DataError, file_digest, read_text_rows, save_figure, write_jsonl
+from care.data.stage_start import stage_start
 from care.encoders.prompts import legacy_keyed
 from care.models.hub import weights_digest
 from data_pipeline.dedup.clusters import Cluster, clusters_from_edges, survivors
@@ -171,12 +172,21 @@ def run(cfg: DictConfig) -> dict:
         fp_config["model"] = legacy_keyed(OmegaConf.to_container(cfg.model, resolve=True))  # fingerprints predating `prompts:`
         fp_config["weights"] = weights_digest(cfg.model.path)
     fp = stage_cache.fingerprint([src], fp_config)
-    if not cfg.get("force") and (old := stage_cache.up_to_date(out, fp)):
-        print(f"dedup: inputs and config unchanged since the last run, skipped ({out}; force=true re-runs)")
-        return {**old, "skipped": True}
-    stage_cache.claim_outputs(out, "dedup", OUTPUTS, bool(cfg.get("force")), legacy_keys=("stage_order",))
+    with stage_start(cfg, "dedup", out, fp, OUTPUTS, legacy_keys=("stage_order",)) as start:
+        if start.done:
+            return start.skip(f"dedup: inputs and config unchanged since the last run, skipped ({out}; "
+                              "force=true re-runs)")
+        stats = _dedup(cfg, src, fp, thresholds, (roles, sources), start)
+    print_table(stats)
+    print(f"dedup: {stats['texts_in']:,} -> {stats['texts_out']:,} texts; outputs in {out}")
+    return stats
 
-    rows, read_stats = load_rows(src, roles, sources)
+
+def _dedup(cfg: DictConfig, src: Path, fp: str, thresholds: dict | None, filters, start) -> dict:
+    """The stages of dedup.stages in order over the filtered rows; the outputs and stats.json (last)."""
+    d, out, order = cfg.dedup, start.out, list(cfg.dedup.stages)
+    semantic = "semantic" in order
+    rows, read_stats = load_rows(src, *filters)
     ids, texts = [r["id"] for r in rows], [r["text"] for r in rows]
     normalise = Normalizer(**d.normalize)
     normalised = [normalise(t) for t in texts]
@@ -184,7 +194,7 @@ def run(cfg: DictConfig) -> dict:
     stats: dict = {"stage": "dedup", "input": str(src), "input_digest": file_digest(src), "output": str(out),
                    "fingerprint": fp, **read_stats, "stage_order": order, "stages": {}}
     cluster_lines: list[dict] = []
-    stage_cache.mark_in_progress(out, "dedup")  # the semantic stage writes its histogram mid-way
+    start.writing()  # the semantic stage writes its histogram mid-way
 
     def record(name, t0, clusters, sim_to_kept, extra=None):
         nonlocal alive
@@ -212,10 +222,7 @@ def run(cfg: DictConfig) -> dict:
     stats.update(texts_in=len(rows), texts_out=len(kept_rows), thresholds=thresholds)
     write_jsonl(out / "kept.jsonl", kept_rows)
     write_jsonl(out / "clusters.jsonl", cluster_lines)
-    write_json(out / "stats.json", stats)
-    print_table(stats)
-    print(f"dedup: {len(rows):,} -> {len(kept_rows):,} texts; outputs in {out}")
-    return stats
+    return start.finish(stats)
 
 
 def _minhash(m: DictConfig, norm: list[str]):

@@ -20,20 +20,22 @@ one.  A folder not written by this stage is refused (force=true replaces it whol
 from __future__ import annotations
 
 import datetime
+import hashlib
 import re
 import time
 from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
-from care.data.io import DataError, atomic_folder, read_text_store, write_json
+from care.data.io import DataError, read_text_store, write_json
 from care.data.nano import METADATA
 from care.data.sources import source_files
-from care.data.stage_cache import claim_outputs, fingerprint, up_to_date
+from care.data.stage_cache import ForeignOutputError, fingerprint
+from care.data.stage_start import stage_start
 from care.encoders.prompts import legacy_keyed
+from care.paths import relative_name
 from data_pipeline.nano import candidates, layout
 from data_pipeline.nano.select import Selection, select
-from care.paths import relative_name
 from data_pipeline.nano.shared_data import shared_tasks
 from data_pipeline.nano.sources import SourceTask, read_task
 from data_pipeline.nano.split import build_split
@@ -42,7 +44,9 @@ HERE = Path(__file__).parent
 # benchmarks.py: shared_data.py reads the default splits through its read_shared_source
 CODE = [*sorted(HERE.glob("*.py")), HERE.parent / "leakage.py", HERE.parent / "benchmarks.py",
         HERE.parents[1] / "care" / "retrieval" / "bm25.py"]
-OUTPUTS = ("README.md", "reranking_hybrid_metadata.json", "corpus", "queries", "qrels", "metadata")
+# What the stage writes into its folder (layout.py), the dense list's folder (dense_name) besides
+OUTPUTS = ("README.md", "reranking_hybrid_metadata.json", "corpus", "queries", "qrels", "metadata", "bm25",
+           "reranking_hybrid", "mteb_qrels")
 SHARED_SOURCES = ("kuake_qtr", "cmedir", "cepilepsyqa", "cmedqa2_pairs")
 
 
@@ -153,41 +157,71 @@ def run(cfg: DictConfig) -> dict:
                      {"nano": opts, "source": source, "model": legacy_keyed(model),
                       "weights": weights_digest(model["path"]),
                       "leakage": OmegaConf.to_container(cfg.build.leakage, resolve=True) if check else None})
-    if not cfg.get("force", False) and (old := up_to_date(out, fp)):
-        print(f"nano: {out} unchanged, skipped")
-        return {**old, "skipped": True}
-    claim_outputs(out, "nano", OUTPUTS, cfg.get("force", False))
+    with stage_start(cfg, "nano", out, fp, (*OUTPUTS, dense), whole_folder=True, legacy_entry=_data_folder) as start:
+        if start.done:
+            return start.skip(f"nano: {out} unchanged, skipped")
+        _refuse_another_input(start, source.get("input"))
+        t_start = time.perf_counter()
+        selections = {name: select(task, **_selection_options(opts)) for name, task in tasks.items()}
+        leakage = (leakage_check(selections, build_dir, OmegaConf.to_container(cfg.build.leakage, resolve=True))
+                   if check else {"checked": False, "why": "no build stage outputs for an input= task"})
+        from care.encoders import build_encoder
+        from care.encoders.cache import EmbeddingCache
+        from care.evaluation.corpora import evaluation_model
 
-    start = time.perf_counter()
-    selections = {name: select(task, **_selection_options(opts)) for name, task in tasks.items()}
-    leakage = (leakage_check(selections, build_dir, OmegaConf.to_container(cfg.build.leakage, resolve=True))
-               if check else {"checked": False, "why": "no build stage outputs for an input= task"})
-    from care.encoders import build_encoder
-    from care.encoders.cache import EmbeddingCache
-    from care.evaluation.corpora import evaluation_model
-
-    d = opts["dense"]
-    encoder = build_encoder(evaluation_model(model, d["max_length"]), device=d["device"])
-    cache = EmbeddingCache(d["cache"], enabled=d["cache"] is not None)
-    built = {}
-    with atomic_folder(out) as tmp:
-        for name, task in tasks.items():
-            t0 = time.perf_counter()
-            built[name] = build_split(task, selections[name], encoder, cache, opts, dense, tmp)
-            print(f"nano/{name}: {built[name]['card']['queries']} queries, {built[name]['card']['corpus']:,} docs, "
-                  f"{built[name]['quality_row']['safeguards']} safeguards, {time.perf_counter() - t0:.1f} s")
-        table = _write_dataset_files(tmp, opts, model, dense, built, encoder, bool(cfg.get("input")))
-        audit_folder(tmp, opts["hybrid"]["top_k"])  # the files as written, read back (HAKARI audits its upload)
-        stats = {"stage": "nano", "fingerprint": fp, "name": opts["name"], "out_dir": str(out), "dense": dense,
-                 "input": source.get("input"),
-                 "leakage": leakage, "seconds": round(time.perf_counter() - start, 1),
-                 "embeddings_encoded": cache.misses, "embeddings_from_cache": cache.hits,
-                 "splits": {n: {**b["card"], "seconds": b["metadata"]["seconds"],
-                                "safeguards": b["quality_row"]["safeguards"],
-                                "candidate_quality": b["metadata"]["candidate_quality"]} for n, b in built.items()}}
-        write_json(tmp / "stats.json", stats)
+        d = opts["dense"]
+        encoder = build_encoder(evaluation_model(model, d["max_length"]), device=d["device"])
+        cache = EmbeddingCache(d["cache"], enabled=d["cache"] is not None)
+        built = {}
+        with start.folder() as tmp:
+            for name, task in tasks.items():
+                t0 = time.perf_counter()
+                built[name] = build_split(task, selections[name], encoder, cache, opts, dense, tmp)
+                print(f"nano/{name}: {built[name]['card']['queries']} queries, {built[name]['card']['corpus']:,} docs, "
+                      f"{built[name]['quality_row']['safeguards']} safeguards, {time.perf_counter() - t0:.1f} s")
+            table = _write_dataset_files(tmp, opts, model, dense, built, encoder, bool(cfg.get("input")))
+            audit_folder(tmp, opts["hybrid"]["top_k"])  # the files as written, read back (HAKARI audits its upload)
+            stats = {"stage": "nano", "fingerprint": fp, "name": opts["name"], "out_dir": str(out), "dense": dense,
+                     "input": source.get("input"), "input_key": input_key(source.get("input")),
+                     "leakage": leakage, "seconds": round(time.perf_counter() - t_start, 1),
+                     "embeddings_encoded": cache.misses, "embeddings_from_cache": cache.hits,
+                     "splits": {n: {**b["card"], "seconds": b["metadata"]["seconds"],
+                                    "safeguards": b["quality_row"]["safeguards"],
+                                    "candidate_quality": b["metadata"]["candidate_quality"]} for n, b in built.items()}}
+            stats = start.finish(stats, tmp)
     print(f"nano: {out} (candidate quality, 0-100; README.md holds the card)\n" + "\n".join(table))
     return stats
+
+
+def _data_folder(entry: Path) -> bool:
+    """A folder of parquet / JSON files only: a config (or metadata) of a Nano folder written before its
+    stats.json recorded its files (stage_cache.strays), e.g. the dense list of an earlier model."""
+    return entry.is_dir() and all(f.suffix in (".parquet", ".json") for f in entry.rglob("*") if f.is_file())
+
+
+def input_key(source: str | None) -> str | None:
+    """Which input folder a Nano folder was built from, as stats.json records it: a digest of its absolute
+    path (the file names no machine path: the "input" beside it is relative, so /a/retrieval and
+    /b/retrieval both read "retrieval" there); None for the open splits."""
+    return hashlib.sha256(source.encode()).hexdigest()[:16] if source else None
+
+
+def _refuse_another_input(start, source: str | None) -> None:
+    """Two input= folders with one last name (/a/retrieval, /b/retrieval) make one Nano<name>: the folder's
+    stats.json records the input it was built from, and another one does not replace it unless forced."""
+    own = start.own or {}
+    if "input_key" in own:
+        same = own["input_key"] == input_key(source)
+    else:  # written before input_key: its "input" was the absolute path (or None for the open splits)
+        old = own.get("input", source)
+        same = old == source or (old is not None and not Path(old).is_absolute())
+    if not same and not start.force:
+        what = f"another input folder (recorded as {own['input']})" if own.get("input") else "the open splits"
+        raise ForeignOutputError(
+            f"nano: refusing to replace {start.out}: it was built from {what}, not "
+            f"{f'input={source}' if source else 'the open splits'} (two task folders with one name make one "
+            f"{start.out.name}). Write this one elsewhere (out=DIR or nano.name=NAME), or pass force=true to "
+            "replace it.")
 
 
 def audit_folder(folder: str | Path, top_k: int = candidates.HYBRID_TOP_K) -> list[str]:
