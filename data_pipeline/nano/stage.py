@@ -14,8 +14,11 @@ with the leakage rule (data_pipeline/leakage.py).
 
 The dataset folder is built beside its destination and swapped in whole when every split has passed
 its audit, so a failed or interrupted build never leaves half a dataset and never touches the previous
-one.  A folder not written by this stage is refused (force=true replaces it whole).  An unchanged re-run
-(same sources, config, code and encoder weights) is skipped.
+one.  The swap would delete whatever else the folder holds, so anything there this stage did not write (a
+user's out= folder, the folder holding other Nano datasets, a file added to one) is refused, force or not;
+files of its own names that another stage or person wrote are refused unless force=true; a folder built from
+another input= folder of the same name is refused unless force=true (care/data/stage_start.py).  An
+unchanged re-run (same sources, config, code and encoder weights, files as written) is skipped.
 """
 from __future__ import annotations
 
