@@ -74,8 +74,10 @@ class RunLock:
     """`RunLock(folder, kind).acquire()` ... `.release()`; also a context manager.  `kind` (training,
     evaluation) only words the messages."""
 
-    def __init__(self, folder: str | Path, kind: str = "run", force: bool = False):
+    def __init__(self, folder: str | Path, kind: str = "run", force: bool = False,
+                 elsewhere: str = "another run_name= or output folder"):
         self.folder, self.kind, self.force = Path(folder), kind, bool(force)
+        self.elsewhere = elsewhere  # how the refusal says to pick another folder in this kind of app
         self.path = self.folder / LOCK_NAME
         self.info = self.folder / f"{LOCK_NAME}.json"
         self._lock: FileLock | None = None
@@ -93,7 +95,7 @@ class RunLock:
 
     def _refuse(self, holder: dict | None, why: str = "") -> RunLocked:
         return RunLocked(f"{self.folder} is in use by another {self.kind} ({describe(holder)}){why}: wait for it "
-                         f"to finish, or use another run_name=/output folder")
+                         f"to finish, or write elsewhere ({self.elsewhere})")
 
     def acquire(self) -> RunLock:
         if self._lock is not None:
@@ -217,14 +219,14 @@ def release_lock_after(method):
 
 
 @contextlib.contextmanager
-def locked_folder(folder: str | Path, kind: str, force: bool = False):
+def locked_folder(folder: str | Path, kind: str, force: bool = False, **lock_args):
     """Hold the lock of `folder` for the block (RunLock), released when it ends or raises.  A block that
     fails having written nothing leaves the folder as it found it: the lock file it added is unlinked while
     still held (a process opening the path after that creates a new file; none can share the old one), and a
     folder it created is removed, so a failed run leaves no folder holding only `.run.lock`."""
     folder = Path(folder)
     before = set(os.listdir(folder)) if folder.is_dir() else None
-    lock = RunLock(folder, kind, force=force).acquire()
+    lock = RunLock(folder, kind, force=force, **lock_args).acquire()
     try:
         yield lock
     except BaseException:

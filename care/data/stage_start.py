@@ -102,7 +102,7 @@ def stage_start(cfg: Mapping | None, stage: str, out_dir: str | Path, fp: str, o
     out, force = Path(out_dir), forced(cfg)
     if out.exists() and not out.is_dir():
         raise ForeignOutputError(f"stage {stage}: output folder {out} is a file, not a folder")
-    with locked_folder(out, f"{stage} stage run", force=bool((cfg or {}).get(FORCE_KEY, False))):
+    with locked_folder(out, f"{stage} stage run", force=bool((cfg or {}).get(FORCE_KEY, False)), elsewhere="out=DIR"):
         start = StageStart(stage, out, tuple(outputs), force, whole_folder, legacy_keys, legacy_entry)
         start.done = None if force else up_to_date(out, fp)
         if start.done is None:
