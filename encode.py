@@ -118,7 +118,7 @@ def encode(cfg: DictConfig | dict, accelerator=None, on_shard=None) -> dict:
     with acc.main_process_first():  # a stand-in benchmark is built by the main process, then read by all
         groups, counts = corpus_groups(cfg, show_progress=main)
     model = corpora.model_from_app_config(cfg)
-    encoder = build_encoder(model, device=str(acc.device))
+    encoder = build_encoder(model, device=str(acc.device), backend=cfg.get("backend", "auto"))
     heads = select_heads(encoder, cfg.get("heads"))
     shards = make_shards(encoder, groups, int(cfg["shard_size"]))
     cache = EmbeddingCache(cfg["cache"]["dir"])

@@ -129,8 +129,8 @@ def run(n_texts: int = TEXTS, rounds: int = ROUNDS) -> dict:
     cfg = load_config("evaluate")
     texts = sample_texts(cfg, n_texts)
     model = evaluation_model(OmegaConf.to_container(cfg.model, resolve=True), cfg.max_length)
-    model.pop("backend", None)  # the project path is the default (torch) one
-    encoder = build_encoder(model, device="cpu")
+    model.pop("backend", None)  # the project path: torch (apps default to `auto`, ONNX on the CPU: a backend here)
+    encoder = build_encoder(model, device="cpu", backend="torch")
     bs = int(cfg.batch_size)
     prompted = encoder.prompts.apply(texts, "document", None)
     default = torch.get_num_threads()

@@ -88,7 +88,7 @@ def model_config(query, document, **extra) -> dict:
 
 def encoder(towers, query_seed=0, document_seed=0):
     return build_encoder(model_config(towers / f"seed{query_seed}" / "query", towers / f"seed{document_seed}" / "document"),
-                         device="cpu")
+                         device="cpu", backend="torch")  # the towers themselves (an app's `auto` would run ONNX)
 
 
 def stage2_family(towers, tmp_path, **trainer):

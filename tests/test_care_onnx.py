@@ -43,7 +43,7 @@ def spread(towers):
     return towers
 
 
-def care(towers, backend: str | None = None, query: str = "spread0", **options):
+def care(towers, backend: str = "torch", query: str = "spread0", **options):
     c = model_config(towers / query, towers / "seed0" / "document")
     c["query"] = {**c["query"], **options, **({"backend": backend} if backend else {})}
     return build_encoder(c, device="cpu")

@@ -125,7 +125,8 @@ def test_model_config_backend_reaches_the_encoder(tiny_bert_dir):
                         device="cpu")
     assert enc.backend == "torch_int8"
     assert any(isinstance(m, torch.ao.nn.quantized.dynamic.Linear) for m in enc.model.modules())
-    assert build_encoder({"kind": "dense", "name": "tiny", "path": str(tiny_bert_dir)}).backend == "torch"
+    # none named: the app's setting decides (torch here; `auto` is tests/test_inference_backend.py's)
+    assert build_encoder({"kind": "dense", "name": "tiny", "path": str(tiny_bert_dir)}, backend="torch").backend == "torch"
 
 
 def test_training_refuses_an_inference_only_backend(tiny_bert_dir):

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import time
 import zipfile
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -67,6 +68,10 @@ class EmbeddingCache:
         self.root = Path(root) if root is not None else None
         self.enabled = enabled
         self.hits = self.misses = 0  # texts served from disk / encoded, for reports and benches
+        # per side (`embed`): texts encoded and the seconds spent encoding them (evaluate.py's per-row counts
+        # and timings; a model's texts are encoded once per tower, the rest served from here)
+        self.encoded = {side: 0 for side in SIDE_DIRS}
+        self.encode_seconds = {side: 0.0 for side in SIDE_DIRS}
         self.damaged: list[Path] = []  # chunks found unreadable or damaged (each once), then ignored
         self.upgrade_legacy = True  # give a chunk written before digests its digests when first read whole
 
@@ -273,7 +278,12 @@ def embed(encoder: Encoder, texts: Sequence[str], side: str, cache: EmbeddingCac
     encode_side = encoder.encode_queries if side == "query" else encoder.encode_documents
 
     def encode(todo: list[str]) -> Embeddings:
-        return encode_side(todo, batch_size=batch_size, heads=tuple(heads), show_progress=show_progress, task=task)
+        start = time.perf_counter()
+        out = encode_side(todo, batch_size=batch_size, heads=tuple(heads), show_progress=show_progress, task=task)
+        if cache is not None:
+            cache.encoded[side] += len(todo)
+            cache.encode_seconds[side] += time.perf_counter() - start
+        return out
 
     if cache is None:
         return encode(list(texts))

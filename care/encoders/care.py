@@ -6,13 +6,16 @@ re-normalised); the score is the dot product.
 
 `query.backend` (QUERY_BACKENDS) says what runs the query tower's backbone, the online path:
 
-torch  the Hugging Face model in PyTorch (default; the only one that trains)
+torch  the Hugging Face model in PyTorch (the class's default; the only one that trains)
 onnx   the backbone exported to ONNX and run by ONNX Runtime, fp32, on the CPU (care/encoders/onnx_backend.py,
        the dense encoder's `onnx` backend): tokenisation, pooling, normalisation and cut stay the tower's own
        (care.models.towers.Tower.vectors).  Vectors within fp32 rounding of torch's, and every evaluation
        score equal to 4 decimals (tests/test_care_onnx.py); batch-1 latency in bench/latency_bench.py.
+       What an app builds for inference is `auto` (care/encoders/registry.py build_encoder): onnx on the CPU
+       when onnxruntime is installed.  The export is cached per tower folder (care/encoders/onnx_backend.py).
 
-The document side always runs torch (offline, on `device`); an onnx query tower runs on the CPU whatever
+The document side always runs torch (offline, on `device`; its towers include decoders with last-token
+pooling and left padding whose export is not checked against torch here, and encode.py caches it ahead); an onnx query tower runs on the CPU whatever
 `device` says.  The int8 backends of care/encoders/dense.py are not offered: they move scores and make a
 vector depend on its batch.  An onnx query side adds `backend` to the query side's identity only (torch adds
 nothing), so cached document vectors, and query vectors cached before backends existed, stay valid.
@@ -26,6 +29,7 @@ from care.encoders.base import Embeddings, Encoder
 from care.encoders.dense import batched_forward, pick_device, progress_label
 from care.encoders.onnx_backend import OnnxForward, padded_example
 from care.encoders.prompts import Prompts
+from care.models.hub import weights_digest
 from care.models.towers import Tower, care_towers
 
 QUERY_BACKENDS = ("torch", "onnx")
@@ -73,7 +77,8 @@ class CAREEncoder(Encoder):
         self.devices = {"query": query_device, "document": self.device}
         self._onnx: OnnxForward | None = None
         if self.backend == "onnx":
-            self._onnx = OnnxForward(q.model, padded_example(q.tokenize), what="model.query.backend=onnx")
+            self._onnx = OnnxForward(q.model, padded_example(q.tokenize), what="model.query.backend=onnx",
+                                     weights=weights_digest(q.spec.path))
 
     def identity(self, side: str) -> dict:
         # the document side depends on the document tower (and the width it is cut to), never on the query tower

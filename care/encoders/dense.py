@@ -3,12 +3,16 @@ optional Matryoshka truncation.  multilingual-e5-small and the tiny test models 
 
 `backend` picks what runs the forward pass (the tokeniser, pooling and normalisation stay the same):
 
-torch        the Hugging Face model in PyTorch (default; the only one that trains, and the only one on a GPU)
-onnx         the model exported to ONNX and run by ONNX Runtime (care/encoders/onnx_backend.py, which a CARE
-             query tower shares), fp32: CPU only, needs `onnxruntime` and `onnx`.  The same network: vectors within ~1e-7 of torch's, every score of `evaluate.py` equal
-             to 4 decimals for me5_small; at 2 threads 1.05-2.1x the documents/s of the torch path, by the
-             day's machine (bench/results/encode.json: 1.64-1.86x; docs/models.md "Faster CPU encoding");
-             exporting costs 10-20 s at load.
+torch        the Hugging Face model in PyTorch (the class's default; the only one that trains, and the only one
+             on a GPU)
+onnx         the model exported to ONNX and run by ONNX Runtime (care/encoders/onnx_backend.py, which M3's
+             backbone and a CARE query tower share), fp32: CPU only, needs `onnxruntime` and `onnx`.  The same
+             network: vectors within ~1e-7 of torch's, every score of `evaluate.py` equal to the printed digit
+             (tests/test_inference_backend.py); at 2 threads 1.05-2.1x the documents/s of the torch path, by the
+             day's machine (bench/results/encode.json: 1.64-1.86x; docs/models.md "Faster CPU encoding").
+             The export (10-20 s) is made once per model folder and cached under the cache root.
+             What an app builds for inference is `auto` (care/encoders/registry.py build_encoder): this one on
+             the CPU when onnxruntime is installed, else torch.
 onnx_int8    that export dynamically quantised to int8 by ONNX Runtime (per-channel weights)
 torch_int8   the torch model with every nn.Linear dynamically quantised to int8 (torch.ao, per-channel)
 
@@ -137,7 +141,7 @@ class HFDenseEncoder(Encoder):
             quantize_linear_int8(self.model)
         elif backend in ("onnx", "onnx_int8"):
             example = padded_example(lambda t: self.tokenizer(t, padding=True, return_tensors="pt"))
-            self._onnx = OnnxForward(self.model, example, int8=backend == "onnx_int8")
+            self._onnx = OnnxForward(self.model, example, int8=backend == "onnx_int8", weights=weights_digest(local))
 
     def identity(self, side: str) -> dict:
         ident = {"class": type(self).__name__, "weights": weights_digest(self.path),

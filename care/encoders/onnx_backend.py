@@ -1,13 +1,25 @@
 """The ONNX Runtime forward pass shared by the encoders that offer an `onnx` backend: the dense encoder
-(care/encoders/dense.py: `onnx`, `onnx_int8`) and a CARE query tower (care/encoders/care.py: `onnx`).
+(care/encoders/dense.py: `onnx`, `onnx_int8`), an M3 encoder's backbone (care/encoders/m3.py) and a CARE
+query tower (care/encoders/care.py: `onnx`).
 
 Only the backbone runs in ONNX Runtime: `model(**batch).last_hidden_state`.  Tokenisation, pooling,
-normalisation and any Matryoshka cut stay the encoder's own torch code, so the two backends differ in the
-network's arithmetic alone (fp32: vectors within ~1e-6) and never in how a vector is made from it (last-token
-pooling, care/models/pooling.py, branches on the mask, which a traced graph would freeze).
+normalisation, M3's heads and any Matryoshka cut stay the encoder's own torch code, so the two backends
+differ in the network's arithmetic alone (fp32: vectors within ~1e-6) and never in how a vector is made from
+it (last-token pooling, care/models/pooling.py, branches on the mask, which a traced graph would freeze).
+
+An export is made once per model folder: `<cache root>/onnx/<key>/model.onnx`, the key a digest of the
+folder's weights (care.models.hub.weights_digest) and of everything the export depends on (EXPORT_SETTINGS,
+int8, the input names, the torch and transformers versions).  It is written whole (care.data.io.atomic_folder)
+under a lock (filelock), so processes loading the same model at once export it once; a later load reads the
+file (seconds) instead of exporting again (10-20 s for me5_small).  `EXPORTS` counts this process's exports.
+
+`resolve_backend` turns the inference backend setting `auto` into one backend, in one place
+(care/encoders/registry.py build_encoder calls it for every model config built for inference).
 """
 from __future__ import annotations
 
+import hashlib
+import json
 import logging
 import tempfile
 import warnings
@@ -17,6 +29,30 @@ from pathlib import Path
 import torch
 
 INSTALL_HINT = "pip install onnxruntime==1.32.0 onnx==1.23.2"
+#: what an export depends on besides the weights: a change here makes a new cached export
+EXPORT_SETTINGS = {"exporter": "torchscript", "opset": 17, "output": "last_hidden_state", "axes": "batch,tokens"}
+ONNX_FOLDER = "onnx"  # under the cache root (care.paths.cache_dir)
+EXPORTS = 0  # exports made by this process (tests: a second load of a model exports nothing)
+
+
+def onnx_available() -> bool:
+    """Whether the fp32 ONNX backend can run here: onnxruntime to run it, onnx for torch's exporter."""
+    try:
+        import onnx  # noqa: F401
+        import onnxruntime  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def resolve_backend(requested: str, device: str | None, supported: bool = True) -> str:
+    """The backend that runs an inference forward pass: `auto` is ONNX Runtime fp32 (`onnx`) on the CPU when
+    onnxruntime and onnx import and the model supports it, else torch (a GPU, or no onnxruntime); any other
+    value is kept.  Training never comes here: its encoders are built with torch (care/training)."""
+    if requested != "auto":
+        return requested
+    on_cpu = device in (None, "auto") and not torch.cuda.is_available() or str(device).startswith("cpu")
+    return "onnx" if supported and on_cpu and onnx_available() else "torch"
 
 
 def padded_example(tokenize: Callable[[list[str]], dict]) -> dict[str, torch.Tensor]:
@@ -25,40 +61,77 @@ def padded_example(tokenize: Callable[[list[str]], dict]) -> dict[str, torch.Ten
     return dict(tokenize(["a", "a " * 8]))
 
 
+def export_key(weights: str, model: torch.nn.Module, names: list[str], int8: bool) -> str:
+    import transformers
+
+    key = {**EXPORT_SETTINGS, "weights": weights, "class": type(model).__name__, "inputs": names, "int8": int8,
+           "torch": torch.__version__, "transformers": transformers.__version__}
+    return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:24]
+
+
 class OnnxForward:
     """`model(**batch).last_hidden_state` of a Hugging Face encoder, by ONNX Runtime: the model is exported
     (torch.onnx, the TorchScript exporter, dynamic batch and sequence axes), optionally quantised to int8
-    (onnxruntime.quantization.quantize_dynamic, per-channel weights), loaded into a session with as many
-    intra-op threads as torch uses when it is built, and the files removed: a session holds its graph in
-    memory."""
+    (onnxruntime.quantization.quantize_dynamic, per-channel weights), and loaded into a session with as many
+    intra-op threads as torch uses when it is built.  `weights` (the folder's weights_digest): the export is
+    cached under the cache root (module docstring); None: exported to a temporary folder, removed once loaded
+    (a session holds its graph in memory)."""
 
     def __init__(self, model: torch.nn.Module, example: dict[str, torch.Tensor], int8: bool = False,
-                 what: str = "the onnx / onnx_int8 backends"):
+                 what: str = "the onnx / onnx_int8 backends", weights: str | None = None):
         try:
             import onnxruntime as ort
         except ImportError as e:
             raise ImportError(f"{what} need onnxruntime and onnx ({INSTALL_HINT})") from e
         self.names = list(example)
-        with tempfile.TemporaryDirectory() as tmp:
-            path = Path(tmp) / "model.onnx"
-            self._export(model, example, path)
-            if int8:
-                from onnxruntime.quantization import QuantType, quantize_dynamic
+        options = ort.SessionOptions()
+        options.intra_op_num_threads = torch.get_num_threads()
+        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+        if weights is None:
+            with tempfile.TemporaryDirectory() as tmp:
+                path = self._build(model, example, int8, Path(tmp))
+                self.session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+            return
+        self.path = self.cached(model, example, int8, weights)
+        self.session = ort.InferenceSession(str(self.path), options, providers=["CPUExecutionProvider"])
 
-                quantized = Path(tmp) / "model.int8.onnx"
-                previous = logging.root.manager.disable
-                logging.disable(logging.WARNING)  # one INFO line per tensor, and advice, to the root logger
-                try:
-                    quantize_dynamic(path, quantized, weight_type=QuantType.QInt8, per_channel=True)
-                finally:
-                    logging.disable(previous)
-                path = quantized
-            options = ort.SessionOptions()
-            options.intra_op_num_threads = torch.get_num_threads()
-            options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-            self.session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+    def cached(self, model: torch.nn.Module, example: dict[str, torch.Tensor], int8: bool, weights: str) -> Path:
+        """The cached export's model.onnx, made first when missing (once, whatever number of processes ask)."""
+        from filelock import FileLock
+
+        from care.data.io import atomic_folder
+        from care.paths import cache_dir
+
+        folder = cache_dir() / ONNX_FOLDER / export_key(weights, model, self.names, int8)
+        done = folder / "model.onnx"
+        if not done.is_file():
+            folder.parent.mkdir(parents=True, exist_ok=True)
+            with FileLock(str(folder) + ".lock"):
+                if not done.is_file():  # another process may have made it while this one waited
+                    with atomic_folder(folder) as tmp:
+                        built = self._build(model, example, int8, tmp)
+                        built.rename(tmp / "model.onnx")
+        return done
+
+    def _build(self, model: torch.nn.Module, example: dict[str, torch.Tensor], int8: bool, tmp: Path) -> Path:
+        path = tmp / "model.fp32.onnx"
+        self._export(model, example, path)
+        if not int8:
+            return path
+        from onnxruntime.quantization import QuantType, quantize_dynamic
+
+        quantized = tmp / "model.int8.onnx"
+        previous = logging.root.manager.disable
+        logging.disable(logging.WARNING)  # one INFO line per tensor, and advice, to the root logger
+        try:
+            quantize_dynamic(path, quantized, weight_type=QuantType.QInt8, per_channel=True)
+        finally:
+            logging.disable(previous)
+        path.unlink()
+        return quantized
 
     def _export(self, model: torch.nn.Module, example: dict[str, torch.Tensor], path: Path) -> None:
+        global EXPORTS
         names = self.names
 
         class LastHidden(torch.nn.Module):
@@ -73,8 +146,9 @@ class OnnxForward:
         with warnings.catch_warnings(), torch.no_grad():  # the TorchScript exporter warns of its deprecation
             warnings.simplefilter("ignore")
             torch.onnx.export(LastHidden().eval(), tuple(example[n] for n in names), str(path), input_names=names,
-                              output_names=["last_hidden_state"], dynamic_axes=axes, opset_version=17,
-                              dynamo=False)
+                              output_names=["last_hidden_state"], dynamic_axes=axes,
+                              opset_version=EXPORT_SETTINGS["opset"], dynamo=False)
+        EXPORTS += 1
 
     def __call__(self, **batch: torch.Tensor) -> torch.Tensor:
         feed = {n: batch[n].cpu().numpy() for n in self.names}

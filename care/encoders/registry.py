@@ -18,6 +18,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from care.data.io import read_json
 from care.encoders.base import Encoder
+from care.encoders.onnx_backend import resolve_backend
 from care.encoders.prompts import LEGACY_TOWER_KEY
 from care.families import FAMILIES, family_of, hook
 
@@ -25,10 +26,18 @@ TRAINING_RECORD = "care_training.json"  # written by the trainer beside every mo
 CHECKPOINT_MODEL = "model"  # inside a training checkpoint (checkpoints/step-N/): its weights as a model folder
 
 
-def build_encoder(cfg: DictConfig | dict, device: str | None = None) -> Encoder:
-    """The encoder of a model config: its family's Encoder class (care.families) built by `from_config`."""
+def build_encoder(cfg: DictConfig | dict, device: str | None = None, backend: str = "auto") -> Encoder:
+    """The encoder of a model config for inference: its family's Encoder class (care.families) built by
+    `from_config`.  `backend` fills the family's backend option when the config names none (`auto`: ONNX
+    Runtime fp32 on the CPU when onnxruntime is installed, else torch; care/encoders/onnx_backend.py
+    resolve_backend); a backend the config names is kept.  Training builds its encoders itself, in torch."""
     c = OmegaConf.to_container(cfg, resolve=True) if isinstance(cfg, DictConfig) else dict(cfg)
-    return hook(family_of(c), "encoder").from_config(c, device)
+    family = family_of(c)
+    if family.backend is not None:
+        side = dict(c[family.backend]) if family.backend else c
+        side["backend"] = resolve_backend(side.get("backend", backend), device)
+        c = {**c, family.backend: side} if family.backend else side
+    return hook(family, "encoder").from_config(c, device)
 
 
 #: keys of a tower config that are not the tower's own (care.models.towers): how to build it, and the older

@@ -104,6 +104,11 @@ class M3Model(nn.Module):
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, **inputs) -> dict[str, torch.Tensor]:
         hidden = self.backbone(input_ids=input_ids, attention_mask=attention_mask, **inputs).last_hidden_state
+        return self.heads(hidden, input_ids, attention_mask)
+
+    def heads(self, hidden: torch.Tensor, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> dict[str, torch.Tensor]:
+        """The three heads on the backbone's last hidden states (care/encoders/m3.py runs the backbone in ONNX
+        Runtime and these in torch)."""
         detached = hidden.detach()
         features = {h: hidden if h in self.backbone_heads else detached for h in HEADS}
         dense = F.normalize(pool(features["dense"], attention_mask, self.pooling), dim=-1)
