@@ -108,9 +108,10 @@ ablation-long: model
 
 # The training-signals ablation (docs/training_signals.md): in-batch -> + mined negatives (question mode) ->
 # document-mode mining -> + relative margin 0.05 -> + distillation from `make run`'s model, one change per
-# arm, and document-mode + absolute margin 0 beside them; 3 seeds, the hn_ablation_long budget (60 steps);
-# then the Matryoshka row.  Every step skips what is done (hours on 2 cores: docs/training_signals.md).
-SIGNALS := inbatch question document margin distill posfilter
+# arm, and document-mode + absolute margin 0 beside them; then a cross-encoder reranker (experiment=reranker_cpu)
+# as the false-negative judge of the document-mode file (drop, relabel) and as its distillation teacher; 3 seeds,
+# the hn_ablation_long budget (60 steps); then the Matryoshka row.  Every step skips what is done (hours on 2 cores: docs/training_signals.md).
+SIGNALS := inbatch question document margin distill posfilter judge_drop judge_relabel distill_reranker
 comma := ,
 define newline
 
@@ -121,6 +122,8 @@ space := $(empty) $(empty)
 SIGNALS_RUNS := $(foreach a,$(SIGNALS),$(foreach s,0 1 2,signals-$(a)-s$(s)))
 SIGNALS_EVALS := $(addprefix $(EVAL)/,$(SIGNALS_RUNS))
 MRL_RUN := cpu_default-me5_small-mrl
+# The reranker arms' cross-encoder (conf/experiment/reranker_cpu.yaml: about an hour on 2 cores): judge and teacher
+RERANKER_RUN := $(RUNS)/reranker_cpu-me5_reranker
 ablation-signals: model
 	$(PY) -m data_pipeline stage=training
 	$(PY) -m data_pipeline stage=mine mine.similarity=document 'mine.out_dir=$${data_dir}/mined/document'
@@ -131,6 +134,15 @@ ablation-signals: model
 	$(PY) train.py
 	$(PY) -m data_pipeline stage=score teacher=$(TRAIN_RUN)/final \
 		'score.input_dir=$${data_dir}/mined/document-rm0.05' 'score.out_dir=$${data_dir}/scored/document-rm0.05'
+	$(PY) train.py experiment=reranker_cpu
+	for rule in drop relabel; do \
+		$(PY) -m data_pipeline stage=mine mine.similarity=document mine.judge=$(RERANKER_RUN)/final \
+			mine.judge_rule=$$rule "mine.out_dir=\$${data_dir}/mined/document-judge-$$rule" || exit 1; \
+	done
+	$(PY) -m data_pipeline stage=score teacher=$(RERANKER_RUN)/final \
+		'score.input_dir=$${data_dir}/mined/document' 'score.out_dir=$${data_dir}/scored/document-reranker'
+	test -f $(EVAL)/signals-reranker/summary.json || \
+	$(PY) evaluate.py ckpt=$(RERANKER_RUN)/final $(ABLATION_EVAL) run_name=signals-reranker
 	$(PY) train.py -m experiment=$(subst $(space),$(comma),$(addprefix signals/,$(SIGNALS))) seed=0,1,2
 	test -f $(EVAL)/signals-zeroshot/summary.json || \
 	$(PY) evaluate.py model=me5_small $(ABLATION_EVAL) run_name=signals-zeroshot
@@ -138,10 +150,12 @@ ablation-signals: model
 		test -f $(EVAL)/$$run/summary.json || \
 		$(PY) evaluate.py ckpt=$(RUNS)/$$run/final $(ABLATION_EVAL) run_name=$$run || exit 1; \
 	done
-	@# groups in the order given: 1 in-batch, 2 question, 3 document, 4 margin, 5 distill, 6 posfilter, 7 zero-shot;
-	@# one gain row per arm over the arm it changes, then the two filtered/distilled arms over in-batch (do they pay?)
+	@# groups in the order given: 1 in-batch, 2 question, 3 document, 4 margin, 5 distill, 6 posfilter, 7 judge
+	@# (drop), 8 judge (relabel), 9 distill from the reranker, 10 zero-shot; one gain row per arm over the arm it
+	@# changes, then the filtered/judged/distilled arms over in-batch (do they pay?)
 	$(PY) -m care.evaluation.compare $(SIGNALS_EVALS) $(EVAL)/signals-zeroshot --out $(COMPARE)/signals \
-		--a 1 --b 7 --a 2 --b 1 --a 3 --b 2 --a 4 --b 3 --a 5 --b 4 --a 6 --b 3 --a 5 --b 1 --a 6 --b 1
+		--a 1 --b 10 --a 2 --b 1 --a 3 --b 2 --a 4 --b 3 --a 5 --b 4 --a 6 --b 3 --a 7 --b 3 --a 8 --b 3 \
+		--a 9 --b 3 --a 5 --b 1 --a 6 --b 1 --a 7 --b 1 --a 8 --b 1 --a 9 --b 1
 	mkdir -p docs/results && cp $(COMPARE)/signals/compare.json docs/results/training_signals.json
 	$(PY) train.py run_name=$(MRL_RUN) 'loss.matryoshka_dims=[256,128,64]'
 	for run in $(notdir $(TRAIN_RUN)) $(MRL_RUN); do for d in 384 128; do \

@@ -25,7 +25,7 @@ DEFAULT_KIND = "dense"
 TWO_TOWERS = ("query", "document")
 #: hook -> the layer its code lives in (and is imported from): never above the layer that resolves it
 HOOK_LAYERS = {"encoder": "care.encoders.", "folder_files": "care.models.", "st_files": "care.encoders.",
-               "trainer": "care.training.", "recipe": "care.training."}
+               "trainer": "care.training.", "recipe": "care.training.", "scorer": "care.evaluation."}
 
 
 @dataclass(frozen=True)
@@ -43,6 +43,11 @@ class Family:
     flag_embedding: bool = False  #: FlagEmbedding's BGEM3FlagModel loads its folders (the card says how)
     backend: str | None = None  #: the config whose `backend:` picks torch or ONNX Runtime ("" the model's own)
     cuts: bool = True    #: `truncate_dim=` applies (a two-tower model's documents are already cut)
+    #: scores a (query, passage) pair in one input and embeds nothing: its `encoder` is a pair scorer
+    #: (score_pairs), a teacher or mining judge of raw logits, and evaluation's `scorer` hook builds its rows
+    cross_encoder: bool = False
+    #: evaluate.py's scorer of its rows instead of an EncoderScorer: f(entry, cfg, cache) -> scorer
+    scorer: str | None = None
 
 
 FAMILIES: dict[str, Family] = {f.name: f for f in (
@@ -53,12 +58,18 @@ FAMILIES: dict[str, Family] = {f.name: f for f in (
            description="a BGE-M3-style encoder (one backbone; dense, sparse and ColBERT heads)",
            encoder="care.encoders.m3:M3Encoder", st_files="care.encoders.st_folder:write_m3",
            trainer="care.training.model:M3Family", folder_files="care.models.m3:HEAD_FILES", citation="bge-m3",
-           flag_embedding=True),
+           flag_embedding=True, backend=""),
     Family("care", TWO_TOWERS, tag="care",
            description="a CARE two-tower encoder (a small query tower, a large document tower; asymmetric retrieval)",
            encoder="care.encoders.care:CAREEncoder", st_files="care.encoders.st_folder:write_router",
            trainer="care.training.care_family:CAREFamily", recipe="care.training.care_recipe:run_care",
            citation="care", backend="query", cuts=False),
+    Family("reranker", (), tag="reranker",
+           description="a cross-encoder reranker (query and passage in one input, one relevance score out)",
+           encoder="care.encoders.cross_encoder:CrossEncoder", st_files="care.encoders.st_folder:write_cross_encoder",
+           trainer="care.training.reranker_family:RerankerFamily",
+           recipe="care.training.reranker_recipe:run_reranker", cuts=False, cross_encoder=True,
+           scorer="care.evaluation.rerank:reranker_scorer"),
 )}
 
 

@@ -35,6 +35,7 @@ from care.models.hub import weights_digest
 from care.retrieval.index import build_index, unit_rows
 from data_pipeline.build import export_flag
 from data_pipeline.dedup.clusters import clusters_from_edges
+from data_pipeline.judge import JUDGE_KEYS, judge_identity, judge_rows, judge_spec
 from data_pipeline.mining_window import (
     RULES,
     mining_window,
@@ -166,6 +167,7 @@ def run(cfg: DictConfig) -> dict:
     if opts["similarity"] not in SIMILARITY:
         raise ValueError(f"mine.similarity must be one of {SIMILARITY}, not {opts['similarity']!r}")
     positive_rules(opts)  # checked before any work
+    judge = judge_spec(opts, cfg)  # mine.judge (data_pipeline/judge.py): None when off
     window = mining_window(cfg)
     in_dir, out_dir = Path(opts["input_dir"]), Path(opts["out_dir"])
     clusters_path = Path(opts["dedup_clusters"]) if opts.get("dedup_clusters") else None
@@ -175,16 +177,17 @@ def run(cfg: DictConfig) -> dict:
     # The weights digest, not the encoder: a skipped run should not pay for loading the model.  `format`:
     # outputs of the stage before train.jsonl had pos_scores (and flag_train.jsonl carried the miner's cosine
     # as FlagEmbedding's teacher scores) are mined again once, never kept as up to date.
-    settings = {k: v for k, v in opts.items() if k not in RULES or v is not None}
+    settings = {k: v for k, v in opts.items() if (k not in RULES or v is not None) and (k not in JUDGE_KEYS or judge)}
     fp = fingerprint(inputs, {"mine": settings, "window": window, "model": model,
-                              "weights": weights_digest(model["path"]), "format": FORMAT})
+                              "weights": weights_digest(model["path"]), "format": FORMAT,
+                              **({"judge": judge_identity(judge, opts, cfg)} if judge else {})})
     with stage_start(cfg, "mine", out_dir, fp, OUTPUTS) as start:
         if start.done:
             return start.skip(f"mine: inputs, encoder and config unchanged, skipped ({out_dir})")
-        return _mine(cfg, opts, window, clusters_path, fp, start)
+        return _mine(cfg, opts, window, clusters_path, fp, start, judge)
 
 
-def _mine(cfg: DictConfig, opts: dict, window: dict, clusters_path: Path | None, fp: str, start) -> dict:
+def _mine(cfg: DictConfig, opts: dict, window: dict, clusters_path: Path | None, fp: str, start, judge=None) -> dict:
     """Negatives for every example, the outputs and stats.json (last)."""
     rules, in_dir, out_dir = positive_rules(opts), Path(opts["input_dir"]), start.out
     t0 = time.perf_counter()
@@ -201,6 +204,8 @@ def _mine(cfg: DictConfig, opts: dict, window: dict, clusters_path: Path | None,
         rows.append({"query_id": ex["query_id"], "pos_ids": ex["pos_ids"], "pos_scores": p,
                      "neg_ids": m.neg_ids, "neg_scores": m.neg_scores, "rule": ex.get("rule"),
                      "pool": ex["pool"], "fallback": m.fallback})
+    judged = judge_rows(rows, texts, judge, opts, cfg) if judge else None  # after the window, before writing
+    rows = judged[0] if judged else rows
     used = dict.fromkeys(t for r in rows for t in [r["query_id"], *r["pos_ids"], *r["neg_ids"]])
     start.writing()
     write_jsonl(out_dir / "texts.jsonl", ({"id": t, "text": texts[t]} for t in used))
@@ -219,6 +224,7 @@ def _mine(cfg: DictConfig, opts: dict, window: dict, clusters_path: Path | None,
         "max_negatives": opts["max_negatives"], "min_negatives": opts["min_negatives"],
         "fallback": opts["fallback"],
         "positive_aware": positive_aware_stats(rules, rule_counts),
+        **({"judge": judged[1]} if judged else {}),
         "pools": per_pool,
         **_negative_counts(mined, opts["min_negatives"]),
         "dedup_clusters": str(clusters_path) if clusters_path else None,

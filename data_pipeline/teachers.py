@@ -2,7 +2,8 @@
 
 What a teacher is (`resolve_teacher`), in this order:
 1. an existing folder
-   - holding care_training.json (a training run's final/ or best/): a bi-encoder, the model its record names;
+   - holding care_training.json (a training run's final/ or best/): the model its record names, a
+     cross-encoder when its family is one (`python train.py model=me5_reranker`), else a bi-encoder;
    - whose config.json names a `*ForSequenceClassification` architecture: a cross-encoder when the model has
      one label (bge-reranker-v2-m3 has), refused otherwise (a classifier, not a relevance scorer);
    - else a folder care.encoders.detect recognises (M3 head files, or a Hugging Face config.json): a
@@ -13,7 +14,8 @@ What a teacher is (`resolve_teacher`), in this order:
 
 How each scores a (query, passage) pair:
 - cross-encoder: the raw logit of the pair tokenized as a pair (truncated, longest first, to max_length), as
-  FlagEmbedding's reranker returns it without normalisation (no sigmoid).  Scores are cached in chunks
+  FlagEmbedding's reranker returns it without normalisation (no sigmoid): care.encoders.cross_encoder's
+  score_pairs, the one scoring path evaluation uses too.  Scores are cached in chunks
   (PairScoreCache) under the teacher's fingerprint: its folder's weights_digest (care/models/hub.py), the token
   limit, the truncation and the score it returns.
 - bi-encoder: the score evaluate.py's retrieval gives (care/retrieval/scorer.py EncodedPair.score): the inner
@@ -36,22 +38,25 @@ from care.config import CONF_DIR, model_config
 from care.data.io import atomic_open
 from care.encoders import build_encoder, detect
 from care.encoders.cache import EmbeddingCache, list_hash, text_key
+from care.encoders.cross_encoder import CrossEncoder, pair_fingerprint
 from care.encoders.prompts import legacy_keyed
 from care.encoders.registry import TRAINING_RECORD
 from care.evaluation.corpora import evaluation_model
-from care.families import tower_configs
+from care.families import family_of, tower_configs
 from care.models.hub import weights_digest
 
 log = logging.getLogger(__name__)
-TRUNCATION = "longest_first"  # a cross-encoder's pair: tokens come off the longer text first
 NO_TEACHER = ("no teacher given: pass teacher=FOLDER (a cross-encoder folder such as bge-reranker-v2-m3, or an "
               "encoder folder such as a training run's final/) or teacher=NAME (a conf/model name, e.g. me5_small)")
 
 
 def folder_kind(folder: Path) -> str | None:
     """"cross-encoder" for a one-label sequence classifier folder, "classifier" for one with more labels, None
-    for anything else (a training record comes first: its folder is a bi-encoder whatever its config says)."""
-    if (folder / TRAINING_RECORD).is_file() or not (folder / "config.json").is_file():
+    for anything else (a training record comes first: its family says, whatever the config says)."""
+    if (folder / TRAINING_RECORD).is_file():
+        record = json.loads((folder / TRAINING_RECORD).read_text(encoding="utf-8"))
+        return "cross-encoder" if family_of(record.get("model") or {}).cross_encoder else None
+    if not (folder / "config.json").is_file():
         return None
     try:
         config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
@@ -106,9 +111,7 @@ def teacher_identity(spec: dict, opts: dict) -> dict:
 
 
 def cross_fingerprint(folder: str, opts: dict) -> str:
-    identity = {"kind": "cross-encoder", "weights": weights_digest(folder), "max_length": int(opts["max_length"]),
-                "truncation": TRUNCATION, "score": "logit"}
-    return hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:16]
+    return pair_fingerprint(folder, int(opts["max_length"]))
 
 
 def pair_key(query: str, passage: str) -> bytes:
@@ -161,42 +164,13 @@ class CrossEncoderTeacher:
         self.name = spec["name"]
         self.fingerprint = cross_fingerprint(self.folder, opts)
         self.cache = PairScoreCache(opts.get("cache"), self.fingerprint)
-        self.model = self.tokenizer = None
+        self.scorer = CrossEncoder(self.folder, max_length=int(opts["max_length"]), device=opts.get("device"),
+                                   batch_size=int(opts["batch_size"]))
         self.counts = {"pairs_computed": 0, "pairs_cached": 0}
 
-    def _load(self) -> None:
-        import torch
-        from transformers import AutoModelForSequenceClassification, AutoTokenizer
-
-        from care.encoders.dense import pick_device
-
-        self.device = pick_device(self.opts.get("device"))
-        self.model = AutoModelForSequenceClassification.from_pretrained(self.folder, dtype=torch.float32)
-        self.model = self.model.to(self.device).eval()
-        self.tokenizer = AutoTokenizer.from_pretrained(self.folder)
-
     def _score_chunk(self, pairs: list[tuple[str, str]], bar) -> np.ndarray:
-        """Raw logits of one chunk of (query, passage) pairs, batched by length (less padding)."""
-        import torch
-
-        if self.model is None:
-            self._load()
-        order = sorted(range(len(pairs)), key=lambda i: -len(pairs[i][0]) - len(pairs[i][1]))
-        out = np.empty(len(pairs), np.float32)
-        size = int(self.opts["batch_size"])
-        with torch.inference_mode():
-            for s in range(0, len(order), size):
-                idx = order[s:s + size]
-                batch = self.tokenizer([pairs[i][0] for i in idx], [pairs[i][1] for i in idx], padding=True,
-                                       truncation=TRUNCATION, max_length=int(self.opts["max_length"]),
-                                       return_tensors="pt").to(self.device)
-                out[idx] = self.model(**batch).logits[:, 0].float().cpu().numpy()
-                bar.update(len(idx))
-        if not np.isfinite(out).all():  # never cached, never written
-            i = int(np.flatnonzero(~np.isfinite(out))[0])
-            raise FloatingPointError(f"teacher {self.folder}: NaN/inf score for the pair {pairs[i][0][:40]!r} / "
-                                     f"{pairs[i][1][:40]!r}")
-        return out
+        """Raw logits of one chunk of (query, passage) pairs (care.encoders.cross_encoder)."""
+        return self.scorer.score_pairs([q for q, _ in pairs], [p for _, p in pairs], progress=bar)
 
     def score(self, queries: list[str], docs: list[str], pairs: np.ndarray) -> np.ndarray:
         keys = [pair_key(queries[q], docs[d]) for q, d in pairs.tolist()]

@@ -111,3 +111,20 @@ def test_every_hook_imports_from_its_own_layer(name):
         if spec is not None:
             assert spec.startswith(layer), f"{name}.{what} = {spec} lives outside {layer}"
             assert hook(family, what) is not None
+
+
+def test_the_reranker_from_a_config_and_a_written_folder(tmp_path):
+    """Issue #35: the cross-encoder family, from its config and from a folder the trainer writes (a tiny
+    reranker with a training record); a foreign one-label classifier folder is left to the config given."""
+    from care.data.io import write_json
+    from care.encoders.registry import TRAINING_RECORD, detect
+    from care.models.tiny import save_tiny
+
+    family = family_of({"kind": "reranker", "path": "p"})
+    assert family.name == "reranker" and family.cross_encoder and family.towers == () and not family.cuts
+    assert not any(f.cross_encoder for f in FAMILIES.values() if f.name != "reranker")
+    folder = save_tiny(tmp_path / "reranker", "reranker")
+    assert family_of(detect(folder, {"kind": "reranker"})).name == "reranker"
+    write_json(folder / TRAINING_RECORD, {"model": {"kind": "reranker", "name": "r", "path": "."}})
+    found = detect(folder, {"kind": "dense"})  # its training record says what it is
+    assert family_of(found).name == "reranker" and found["path"] == str(folder.resolve())

@@ -193,3 +193,18 @@ def write_router(folder: Path, model_cfg: dict) -> Path:
     # queries are unit vectors, documents a unit vector's prefix: CARE scores with the dot product
     _model_config(folder, st_prompts(Prompts.from_config(model_cfg)), "dot")
     return folder
+
+
+#: sentence-transformers' CrossEncoder applies this to a one-label model's logits (its default there is a sigmoid)
+CROSS_ENCODER_ACTIVATION = "torch.nn.modules.linear.Identity"
+
+
+def write_cross_encoder(folder: Path, model_cfg: dict) -> Path:
+    """A cross-encoder (care.encoders.cross_encoder) is a sequence-classification folder that CrossEncoder and
+    FlagReranker load as they find it; config.json only learns the activation, so that CrossEncoder.predict
+    returns the raw logit the project scores (FlagReranker's compute_score without normalize)."""
+    config = _hf_config(folder)
+    config["sentence_transformers"] = {**config.get("sentence_transformers", {}),
+                                       "activation_fn": CROSS_ENCODER_ACTIVATION}
+    write_json(folder / "config.json", config)
+    return folder

@@ -115,7 +115,8 @@ def card_data(folder: Path, record: dict, evaluation: dict | None = None) -> Mod
     results = eval_results(evaluation["summary"], evaluation["row"]) if evaluation else None
     return ModelCardData(
         language=["zh"], license=license_, license_name=LICENSE_NAME if license_ == "other" else None,
-        library_name="sentence-transformers", pipeline_tag="sentence-similarity", tags=list(dict.fromkeys(tags)),
+        library_name="sentence-transformers", tags=list(dict.fromkeys(tags)),
+        pipeline_tag="text-ranking" if family.cross_encoder else "sentence-similarity",
         base_model=bases[0] if len(bases) == 1 else bases, datasets=hub_datasets or None,
         model_name=model_id(folder), eval_results=results)
 
@@ -130,7 +131,9 @@ def card_body(folder: Path, record: dict, evaluation: dict | None = None) -> str
     lines = [f"# {name}", "",
              (f"{model.get('label') or name}: {what} for Chinese medical text, fine-tuned by the care-medical "
              f"project from {', '.join(f'`{b}`' for b in bases)} on public Chinese medical question-answer and "
-             "paraphrase data. It embeds queries and documents for retrieval, reranking and semantic similarity."),
+             "paraphrase data. "
+             + ("It scores a (query, passage) pair for reranking." if family.cross_encoder else
+                "It embeds queries and documents for retrieval, reranking and semantic similarity.")),
              "", "## How to load", ""]
     lines += load_section(record, name, family, folder)
     lines += ["## Data lineage", ""] + lineage_section(record) + [""]

@@ -125,10 +125,20 @@ ST_SNIPPET = ["```python", "from sentence_transformers import SentenceTransforme
               "print(model.similarity(q, d))", "```", ""]
 
 
+#: a cross-encoder's folder: raw logits from both libraries (config.json names CrossEncoder's activation)
+CROSS_SNIPPET = ["**sentence-transformers** or **FlagEmbedding** (a cross-encoder: one relevance logit a pair):", "",
+                 "```python", "from sentence_transformers import CrossEncoder", "from FlagEmbedding import FlagReranker",
+                 "", "pairs = [[\"头痛发烧怎么办\", \"发烧头痛可以先物理降温，多喝水\"]]",
+                 'print(CrossEncoder("{name}").predict(pairs))',
+                 'print(FlagReranker("{name}", use_fp16=False).compute_score(pairs))', "```", ""]
+
+
 def load_section(record: dict, name: str, family: Family, folder: Path | None = None) -> list[str]:
     """sentence-transformers (where the folder has its files, care.encoders.st_folder), FlagEmbedding for M3's
     heads, then this project's own loading."""
     m = record.get("model") or {}
+    if family.cross_encoder:  # a sequence-classification folder (care.encoders.cross_encoder)
+        return [x.replace("{name}", name) for x in CROSS_SNIPPET] + ["**This project**:", ""] + _project_snippet(name)[:4]
     if folder is not None and (folder / "modules.json").is_file():
         lines = ["**sentence-transformers** (the folder carries its modules, prompts and pooling"
                  + ("; a Router sends queries to the query tower and documents to the document tower"

@@ -5,9 +5,11 @@
 - a tiny Qwen3 decoder for the LLM document-encoder path (last-token pooling, left padding), using the
   same vocabulary through a fast BERT tokenizer so no hub download is needed; the CARE tiny document tower
   pairs it with `qwen3_embedding_like_tokenizer`, which handles the end token as a real Qwen3-Embedding
-  tokenizer does (`QWEN3_EMBEDDING_TOKENIZER`).
+  tokenizer does (`QWEN3_EMBEDDING_TOKENIZER`);
+- a tiny cross-encoder reranker: the BERT above with a one-label sequence-classification head (the folder
+  layout FlagReranker and sentence-transformers' CrossEncoder load; care.encoders.cross_encoder).
 
-`python -m care.models.tiny OUT_DIR [--kind bert|qwen3]` writes a Hugging Face folder.
+`python -m care.models.tiny OUT_DIR [--kind bert|qwen3|reranker]` writes a Hugging Face folder.
 """
 from __future__ import annotations
 
@@ -16,7 +18,14 @@ import copy
 from pathlib import Path
 
 import torch
-from transformers import BertConfig, BertModel, BertTokenizerFast, Qwen3Config, Qwen3Model
+from transformers import (
+    BertConfig,
+    BertForSequenceClassification,
+    BertModel,
+    BertTokenizerFast,
+    Qwen3Config,
+    Qwen3Model,
+)
 from transformers.models.bert.tokenization_bert import load_vocab
 
 from care.paths import shared_data
@@ -46,6 +55,16 @@ def tiny_bert(hidden: int = 64, layers: int = 2, heads: int = 2, seed: int = 0, 
                      num_attention_heads=heads, intermediate_size=hidden * 2, max_position_embeddings=512,
                      hidden_dropout_prob=dropout, attention_probs_dropout_prob=dropout)
     return BertModel(cfg, add_pooling_layer=False), tok
+
+
+def tiny_reranker(hidden: int = 64, layers: int = 2, heads: int = 2, seed: int = 0, dropout: float = 0.1):
+    """tiny_bert's backbone with one relevance logit on top (num_labels 1)."""
+    tok = chinese_tokenizer()
+    torch.manual_seed(seed)
+    cfg = BertConfig(vocab_size=tok.vocab_size, hidden_size=hidden, num_hidden_layers=layers,
+                     num_attention_heads=heads, intermediate_size=hidden * 2, max_position_embeddings=512,
+                     hidden_dropout_prob=dropout, attention_probs_dropout_prob=dropout, num_labels=1)
+    return BertForSequenceClassification(cfg), tok
 
 
 def tiny_qwen3(hidden: int = 64, layers: int = 2, heads: int = 2, seed: int = 0):
@@ -103,7 +122,7 @@ def qwen3_embedding_like_tokenizer():
 
 def save_tiny(out_dir: str | Path, kind: str = "bert", **kw) -> Path:
     out = Path(out_dir)
-    model, tok = (tiny_bert if kind == "bert" else tiny_qwen3)(**kw)
+    model, tok = {"bert": tiny_bert, "qwen3": tiny_qwen3, "reranker": tiny_reranker}[kind](**kw)
     model.save_pretrained(out)
     tok.save_pretrained(out)
     return out
@@ -112,7 +131,7 @@ def save_tiny(out_dir: str | Path, kind: str = "bert", **kw) -> Path:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("out_dir")
-    ap.add_argument("--kind", choices=["bert", "qwen3"], default="bert")
+    ap.add_argument("--kind", choices=["bert", "qwen3", "reranker"], default="bert")
     ap.add_argument("--hidden", type=int, default=64)
     ap.add_argument("--layers", type=int, default=2)
     a = ap.parse_args()

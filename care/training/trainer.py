@@ -194,6 +194,11 @@ class Trainer:
                 out = self.loss(gather_reps(query_model(**queries)), gather_reps(passage_model(**passages)), **extra)
             self.accelerator.backward(out["loss"] * world_size())  # x world size: see distributed.py
             losses = {k: v.detach() for k, v in out.items()}
+        return self.optimizer_step(losses)
+
+    def optimizer_step(self, losses: dict) -> dict[str, float]:
+        """Clip, step and schedule after a step's backward; the step's log row."""
+        t = self.cfg.trainer
         grad_norm = self.accelerator.clip_grad_norm_([p for m in self.towers for p in m.parameters()],
                                                      t.max_grad_norm)
         lr = self.scheduler.get_last_lr()[0]  # the rate this step uses

@@ -27,8 +27,10 @@ from care.data.sources.common import Report
 from care.data.tasks import TaskData, load_task
 from care.encoders.base import Encoder
 from care.encoders.cache import EmbeddingCache
+from care.encoders.cross_encoder import CrossEncoder
 from care.evaluation.tasks import run_reranking
 from care.paths import shared_data
+from care.retrieval.rerank import RERANK, RerankerScorer
 from care.retrieval.scorer import EncoderScorer
 
 
@@ -94,18 +96,23 @@ def first_queries(data: TaskData, n: int | None) -> TaskData:
 
 class Validator:
     """`validator(encoder)` -> the dev metric of the model as it is now: each dev query's candidates
-    ranked by the summed scores of `validation.heads` (the hybrid of equal weights when several)."""
+    ranked by the summed scores of `validation.heads` (the hybrid of equal weights when several), or by a
+    cross-encoder's pair scores."""
 
     def __init__(self, v: DictConfig, cache: EmbeddingCache | None = None):
         """`cache`: embeddings of a side that does not change in training (CARE stage I's frozen documents)."""
         self.metric, self.heads, self.batch_size, self.cache = v.metric, list(v.heads), v.batch_size, cache
         self.data = first_queries(load_task("reranking", ensure_dev_task(v)), v.max_queries)
 
-    def __call__(self, encoder: Encoder) -> float:
-        # only the frozen document side may come from the cache: the query side is the model being trained
-        scorer = EncoderScorer(encoder, self.cache, cached_sides=("document",), batch_size=self.batch_size,
-                               heads=self.heads, hybrid_weights=dict.fromkeys(self.heads, 1.0), show_progress=False)
-        method = self.heads[0] if len(self.heads) == 1 else "hybrid"
+    def __call__(self, encoder: Encoder | CrossEncoder) -> float:
+        if isinstance(encoder, CrossEncoder):  # a reranker's live module: each candidate scored with its query
+            scorer, method = RerankerScorer(encoder, batch_size=self.batch_size), RERANK
+        else:
+            # only the frozen document side may come from the cache: the query side is the model being trained
+            scorer = EncoderScorer(encoder, self.cache, cached_sides=("document",), batch_size=self.batch_size,
+                                   heads=self.heads, hybrid_weights=dict.fromkeys(self.heads, 1.0),
+                                   show_progress=False)
+            method = self.heads[0] if len(self.heads) == 1 else "hybrid"
         return run_reranking(self.data, scorer, [self.metric])[method][self.metric]
 
 
