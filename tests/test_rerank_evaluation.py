@@ -81,3 +81,10 @@ def test_evaluate_a_reranker_checkpoint(task_paths, reranker, tiny_bert_dir, tmp
     cross = CrossEncoder(str(reranker))
     assert e["online_parameters"] == cross.online_parameters + retriever.online_parameters
     assert e["query_latency_ms_p50"] > 0 and e["docs_per_second"] > 0
+
+
+def test_truncate_dim_refuses_a_reranker_in_its_own_words():
+    from care.evaluation.entries import cut_entry
+
+    with pytest.raises(ValueError, match="truncate_dim=128: its pair scores are no vectors"):
+        cut_entry({"name": "r", "label": "r", "model": {"kind": "reranker", "path": "p"}}, 128)

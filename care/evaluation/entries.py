@@ -83,9 +83,10 @@ def cut_entry(entry: dict, dim: int) -> dict:
     """A model under test scored on the first `dim` coordinates of its dense vectors (truncate_dim=: the
     project's Matryoshka convention, normalised at full width and not re-normalised; care/encoders/m3.py)."""
     model = entry["model"]
-    if not family_of(model).cuts:
-        raise ValueError(f"truncate_dim={dim}: a CARE model's document vectors are already cut to its query "
-                         "tower's width; cut a one-encoder model (kind dense or m3)")
+    if not (family := family_of(model)).cuts:
+        why = ("its pair scores are no vectors" if family.cross_encoder else
+               "a CARE model's document vectors are already cut to its query tower's width")
+        raise ValueError(f"truncate_dim={dim}: {why}; cut a one-encoder model (kind dense or m3)")
     return {**entry, "name": f"{entry['name']}@{dim}d", "label": f"{entry['label']} @ {dim}-d",
             "model": {**model, "truncate_dim": dim}}
 
