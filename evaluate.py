@@ -43,6 +43,7 @@ from care.evaluation.entries import check_model_folders, model_entries
 from care.evaluation.report import benchmarks_json, columns, gains, plot_steps, write_summary
 from care.evaluation.significance import cell_items, gain_interval
 from care.export.card import refresh_card
+from care.families import family_of, hook
 from care.retrieval.bm25 import BM25Scorer
 from care.retrieval.scorer import EncoderScorer
 from care.runlock import locked_out_dir
@@ -52,7 +53,10 @@ from data_pipeline import benchmarks as builders
 def build_scorer(entry: dict, cfg: dict, cache: EmbeddingCache):
     if entry.get("bm25"):
         return BM25Scorer(**cfg["bm25"], name=entry["name"], label=entry["label"])
-    encoder = build_encoder(evaluation_model(entry["model"], cfg.get("max_length")), device=cfg.get("device"))
+    if (own := hook(family_of(entry["model"]), "scorer")) is not None:  # a family scored otherwise (a reranker)
+        return own(entry, cfg, cache)
+    encoder = build_encoder(evaluation_model(entry["model"], cfg.get("max_length")), device=cfg.get("device"),
+                            backend=cfg.get("backend", "auto"))
     return EncoderScorer(encoder, cache, batch_size=cfg["batch_size"], heads=cfg.get("heads"),
                          hybrid_weights=cfg["hybrid_weights"], rerank_depth=cfg["rerank_depth"], label=entry["label"])
 
@@ -70,6 +74,8 @@ def evaluate_model(entry: dict, scorer, loaded: list[tuple], cfg: dict, out: Pat
     for bench, tasks in loaded:
         primary = {}
         for spec, data in tasks:
+            if spec.type not in getattr(scorer, "tasks", (spec.type,)):
+                continue  # a task the scorer does not apply to (a reranker's STS): the cell reads n/a
             start = time.perf_counter()
             items = {}
             try:
@@ -102,6 +108,22 @@ def evaluate_model(entry: dict, scorer, loaded: list[tuple], cfg: dict, out: Pat
             "baseline": bool(entry.get("baseline")), "scores": scores, "methods": details, "items": by_cell}
 
 
+TIMING_FILE = "timing.json"  # where the time went, per step and row (python -m bench timeline reads it)
+
+
+def row_counts(cache: EmbeddingCache, before: tuple, seconds: dict) -> tuple[dict, dict]:
+    """What one row encoded (texts per side, and texts the cache served) and where its time went: building the
+    encoder, encoding each side, scoring (the tasks less their encoding), the efficiency columns.  A BM25 row
+    encodes nothing: no counts."""
+    encoded, encode_s, hits = before
+    n = {side: cache.encoded[side] - encoded[side] for side in encoded}
+    enc = {side: cache.encode_seconds[side] - encode_s[side] for side in encode_s}
+    counts = {**n, "from_cache": cache.hits - hits} if any(n.values()) or cache.hits > hits else {}
+    timing = {"build_s": seconds["build"], "encode_query_s": enc["query"], "encode_document_s": enc["document"],
+              "score_s": seconds["tasks"] - sum(enc.values()), "efficiency_s": seconds["efficiency"]}
+    return counts, {k: round(v, 2) for k, v in timing.items()}
+
+
 def gain_intervals(rows: list[dict], seed: int = 0, over: str | None = None) -> None:
     """Each gain row's paired-bootstrap 95% interval per table cell (care.evaluation.significance), stored
     as row["gain"]; the per-item records are then dropped (they live in the per-task JSON files)."""
@@ -132,6 +154,7 @@ def evaluate(cfg: DictConfig | dict) -> dict:
     entries = model_entries(cfg)
     check_model_folders(entries, cfg)  # before the benchmarks are read (minutes): a wrong model.path fails at once
     loaded = load_benchmarks(cfg)
+    steps = {"benchmarks_s": round(time.perf_counter() - start, 2)}
     benches = [b for b, _ in loaded]
     key = {"benchmarks": benchmarks_json(benches, out), "columns": columns(benches), "scoring": run_folder.scoring(cfg)}
     earlier, dropped, note = run_folder.earlier_rows(out, key, overwrite=bool(cfg.get("overwrite")))  # before scoring
@@ -140,28 +163,44 @@ def evaluate(cfg: DictConfig | dict) -> dict:
     rows = []
     for entry in entries:
         t0 = time.perf_counter()
+        before = (dict(cache.encoded), dict(cache.encode_seconds), cache.hits)
         scorer = build_scorer(entry, cfg, cache)
+        t1 = time.perf_counter()
         row = evaluate_model(entry, scorer, loaded, cfg, out)
+        t2 = time.perf_counter()
         row["efficiency"] = efficiency.measure(scorer, *timing_texts) if timing_texts else {}
         row["seconds"] = round(time.perf_counter() - t0, 1)
+        row["encoded"], row["timing"] = row_counts(cache, before, {"build": t1 - t0, "tasks": t2 - t1,
+                                                                   "efficiency": time.perf_counter() - t2})
         rows.append(row)
         del scorer
         gc.collect()
     merged, merged_note = run_folder.merge([run_folder.with_items(out, r, key["columns"]) for r in earlier], rows)
+    t0 = time.perf_counter()
     gain_intervals(merged, seed=cfg["seed"], over=cfg.get("gain_over"))
+    steps["gain_intervals_s"] = round(time.perf_counter() - t0, 2)
     settings = {"gain_over": cfg.get("gain_over"), "max_length": cfg.get("max_length"), "batch_size": cfg["batch_size"], "depth": cfg["depth"],
                 "table_method": cfg["table_method"], "cache": cfg["cache"]["enabled"],
                 "embeddings_encoded": cache.misses, "embeddings_from_cache": cache.hits,
                 "seconds": round(time.perf_counter() - start, 1),
                 # timings mean little on a busy machine: the 1-minute load average says how busy it was
                 "load_average_1m": round(os.getloadavg()[0], 1), "cpus": os.cpu_count()}
+    t0 = time.perf_counter()
     table = write_summary(out, run, benches, merged, settings, key["scoring"])
     run_folder.drop_folders(out, dropped, [r["name"] for r in rows])
     cards = refresh_cards(entries, rows, out / "summary.json") if cfg.get("ckpt") else []
     if cfg.get("ckpt") and (curve := plot_steps(out / "steps.png", [b for b, _ in loaded], rows,
                                                 Path(cfg["ckpt"]).expanduser() / "metrics.jsonl")):
         print(f"scores against the training step: {curve}")
+    steps["report_s"] = round(time.perf_counter() - t0, 2)
+    write_json(out / TIMING_FILE, {"run": run, **steps, "seconds": round(time.perf_counter() - start, 1),
+                                   "rows": {r["name"]: {"encoded": r["encoded"], **r["timing"]} for r in rows}})
     print(table)
+    for r in rows:
+        if r["encoded"]:
+            n = r["encoded"]
+            print(f"{r['name']}: encoded {n['query']} query and {n['document']} document texts, "
+                  f"{n['from_cache']} from the cache")
     for line in (note, merged_note):
         if line:
             print(line)

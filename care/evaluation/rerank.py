@@ -34,7 +34,8 @@ def reranker_scorer(entry: dict, cfg: dict, cache: EmbeddingCache) -> RerankerSc
     r = cfg["rerank"]  # conf/evaluate.yaml
     cross = build_encoder(evaluation_model(entry["model"], cfg.get("max_length")), device=cfg.get("device"))
     first = retriever_config(r["retriever"], cfg)
-    encoder = build_encoder(evaluation_model(first, cfg.get("max_length")), device=cfg.get("device"))
+    encoder = build_encoder(evaluation_model(first, cfg.get("max_length")), device=cfg.get("device"),
+                            backend=cfg.get("backend", "auto"))  # as its own row runs (conf/evaluate.yaml)
     retriever = EncoderScorer(encoder, cache, batch_size=cfg["batch_size"], heads=cfg.get("heads"),
                               hybrid_weights=cfg["hybrid_weights"], rerank_depth=cfg["rerank_depth"])
     method = cfg["table_method"] if cfg["table_method"] in retriever.methods else retriever.methods[0]
