@@ -136,3 +136,16 @@ class Recorder:
 
     def encode_documents(self, texts, batch_size=32, heads=("dense",), show_progress=False, task=None):
         return self._encode("document", texts, task)
+
+
+def pair_logits(folder, pairs: list[tuple[str, str]], max_length: int) -> list[float]:
+    """A cross-encoder folder called through transformers alone on each (query, passage) pair, no batching,
+    no cache: the reference for the project's pair scores (teacher, judge, reranker rows)."""
+    import torch
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+    model = AutoModelForSequenceClassification.from_pretrained(folder).eval()
+    tok = AutoTokenizer.from_pretrained(folder)
+    with torch.inference_mode():
+        return [float(model(**tok(q, p, truncation=True, max_length=max_length, return_tensors="pt")).logits[0, 0])
+                for q, p in pairs]

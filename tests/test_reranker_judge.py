@@ -10,12 +10,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import torch
+from _evaluation_helpers import pair_logits
 from _mining_helpers import compose as mine_compose
 from _mining_helpers import load_rows
 from _training_helpers import make_training_files
 from omegaconf import OmegaConf
-from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
 from care.config import load_config
 from care.data.io import write_json, write_jsonl
@@ -48,11 +47,7 @@ def mined(tmp_path_factory, shared) -> Path:
 
 
 def by_hand(folder: Path, pairs: list[tuple[str, str]]) -> list[float]:
-    model = AutoModelForSequenceClassification.from_pretrained(folder).eval()
-    tok = AutoTokenizer.from_pretrained(folder)
-    with torch.no_grad():
-        return [float(model(**tok(q, p, truncation=True, max_length=MAX_LENGTH, return_tensors="pt")).logits[0, 0])
-                for q, p in pairs]
+    return pair_logits(folder, pairs, MAX_LENGTH)
 
 
 def config(root: Path, *extra: str):

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from _evaluation_helpers import pair_logits
 from _training_helpers import make_training_files
 from omegaconf import OmegaConf
 
@@ -74,15 +75,7 @@ def texts_of(train_dir: Path) -> dict[str, str]:
 
 
 def direct_logits(cross_dir: Path, pairs: list[tuple[str, str]]) -> list[float]:
-    """The cross-encoder called on each pair alone, no batching, no cache."""
-    import torch
-    from transformers import AutoModelForSequenceClassification, AutoTokenizer
-
-    model = AutoModelForSequenceClassification.from_pretrained(cross_dir).eval()
-    tok = AutoTokenizer.from_pretrained(cross_dir)
-    with torch.inference_mode():
-        return [float(model(**tok(q, p, truncation=True, max_length=MAX_LENGTH, return_tensors="pt")).logits[0, 0])
-                for q, p in pairs]
+    return pair_logits(cross_dir, pairs, MAX_LENGTH)
 
 
 @pytest.fixture(scope="module")
