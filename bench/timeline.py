@@ -26,7 +26,7 @@ def total(seconds) -> float:
 
 def pipeline(root: Path) -> list[tuple[str, float]]:
     out = []
-    for stats in sorted((root / "data").glob("*/stats.json"), key=lambda p: p.stat().st_mtime):
+    for stats in sorted((root / "data").glob("**/stats.json"), key=lambda p: p.stat().st_mtime):
         seconds = json.loads(stats.read_text(encoding="utf-8")).get("seconds")
         if seconds is not None:
             out.append((f"pipeline {stats.parent.name}", total(seconds)))

@@ -144,3 +144,16 @@ def test_every_stage_starts_through_the_one_helper(module):
     assert not _reads_force(path), f"{path.name} reads `force` itself (care.data.stage_start.forced does)"
     source = path.read_text(encoding="utf-8")
     assert '/ "stats.json"' not in source, f"{path.name} writes stats.json itself (StageStart.finish does)"
+
+
+def test_every_stage_says_its_seconds_and_the_timeline_reads_them(tmp_path):
+    """A stage whose stats give no top-level `seconds` of their own (dedup: seconds per sub-stage) still says
+    its wall time (stage_start's finish), so bench/timeline.py lists it beside the others."""
+    from bench.timeline import pipeline
+
+    src, out = tmp_path / "plain.jsonl", tmp_path / "data" / "dedup"
+    write_jsonl(src, PLAIN)
+    dedup.run(dedup_cfg(src, out))
+    seconds = json.loads((out / "stats.json").read_text(encoding="utf-8"))["seconds"]
+    assert isinstance(seconds, float) and seconds >= 0
+    assert [name for name, _ in pipeline(tmp_path)] == ["pipeline dedup"]

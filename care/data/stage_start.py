@@ -22,6 +22,7 @@ before any work (force or not), and the lock's files are carried into the new fo
 from __future__ import annotations
 
 import contextlib
+import time
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 
@@ -57,6 +58,7 @@ class StageStart:
         self.whole_folder, self.legacy_entry = whole_folder, legacy_entry
         self.own = read_stats(out)[0] if written_by(out, stage, legacy_keys) else None
         self.done: dict | None = None
+        self.started = time.perf_counter()  # the stage's wall time, for a stats.json that gives none of its own
 
     def skip(self, message: str = "") -> dict:
         """The previous stats marked skipped, `message` printed."""
@@ -87,6 +89,8 @@ class StageStart:
         names = ([p.name for p in where.iterdir() if p.name not in (*LOCK_FILES, "stats.json")]
                  if self.whole_folder else [n for n in self.outputs if n != "stats.json"])
         # every path in it named relative to the data folder (or the roots): no machine path (care.paths.portable)
+        # every stage's stats.json says its seconds (bench/timeline.py reads them); a stage's own figure wins
+        stats = {"seconds": round(time.perf_counter() - self.started, 2), **stats}
         stats = portable({**stats, RECORD: record_outputs(where, names)}, base=self.out.parent)
         write_json(where / "stats.json", stats)
         return stats
