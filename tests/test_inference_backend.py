@@ -114,6 +114,32 @@ def test_a_care_query_tower_is_onnx_its_document_tower_torch(towers):  # noqa: F
     assert onnx.side_fingerprint("document") == torch_.side_fingerprint("document")  # torch both ways
 
 
+def test_a_large_batch_runs_as_one_thread_slices_with_the_same_vectors(tiny_bert_dir):
+    """With 2 torch threads a batch of at least 2 rows a worker runs as 2 one-thread slices at once, a smaller
+    one whole; every vector equals the whole batch's run by the many-thread session (the reference), texts of
+    different lengths so the slices carry padding."""
+    import numpy as np
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        enc = build_encoder({"kind": "dense", "path": str(tiny_bert_dir)}, device="cpu")
+    finally:
+        torch.set_num_threads(threads)
+    forward = enc._onnx
+    assert forward.workers == 2 and forward.slice_session is not None
+    slice_runs, run = [], forward.slice_session.run
+    forward.slice_session.run = lambda *a, **k: slice_runs.append(len(a[1]["input_ids"])) or run(*a, **k)
+    texts = [("word " * (1 + i % 7)).strip() + f" {i}" for i in range(11)]
+    sliced = enc.encode_documents(texts, batch_size=8).dense
+    assert sorted(slice_runs) == [4, 4]  # the batch of 8 in two slices; the last 3 texts ran whole
+    slice_session, forward.slice_session = forward.slice_session, None
+    whole = enc.encode_documents(texts, batch_size=8).dense
+    forward.slice_session = slice_session
+    np.testing.assert_allclose(sliced, whole, rtol=0, atol=1e-6)
+
+
 def test_torch_overrides_and_the_rule(tiny_bert_dir, monkeypatch):
     model = {"kind": "dense", "path": str(tiny_bert_dir)}
     assert build_encoder(model, device="cpu", backend="torch").backend == "torch"  # the app's backend=torch

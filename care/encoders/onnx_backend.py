@@ -13,12 +13,23 @@ int8, the input names, the torch and transformers versions).  It is written whol
 under a lock (filelock), so processes loading the same model at once export it once; a later load reads the
 file (seconds) instead of exporting again (10-20 s for me5_small).  `EXPORTS` counts this process's exports.
 
+Two cores run a batch faster as two one-thread halves than as one two-thread whole: ONNX Runtime's
+intra-op threads split each operator and wait for each other at every one of its ~400 nodes, while two
+concurrent one-thread runs never wait (measured on the evaluation's documents, 2 cores: 2,240 tokens/s one run
+at 2 threads, 2 x 1,450 at 1 thread, 1.3x; docs/results.md "Where make run's time goes").  So an fp32 batch
+of at least 2 rows a worker is cut into `workers` (torch's thread count) row slices run at once, each by a
+one-thread session in its own Python thread (onnxruntime releases the GIL in `run`); a smaller batch (a
+query's latency) runs whole in the many-thread session.  A row's vector does not depend on the slice it is
+in: every slice keeps the batch's padded length, and a row's arithmetic is the same whichever rows run beside
+it (tests/test_inference_backend.py).  int8 is never sliced: its activation scale is one per batch.
+
 `resolve_backend` turns the inference backend setting `auto` into one backend, in one place
 (care/encoders/registry.py build_encoder calls it for every model config built for inference).
 """
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 import logging
 import tempfile
@@ -26,6 +37,7 @@ import warnings
 from collections.abc import Callable
 from pathlib import Path
 
+import numpy as np
 import torch
 
 INSTALL_HINT = "pip install onnxruntime==1.32.0 onnx==1.23.2"
@@ -80,20 +92,35 @@ class OnnxForward:
     def __init__(self, model: torch.nn.Module, example: dict[str, torch.Tensor], int8: bool = False,
                  what: str = "the onnx / onnx_int8 backends", weights: str | None = None):
         try:
-            import onnxruntime as ort
+            import onnxruntime  # noqa: F401  (loaded in _load; imported here to say what is missing)
         except ImportError as e:
             raise ImportError(f"{what} need onnxruntime and onnx ({INSTALL_HINT})") from e
         self.names = list(example)
-        options = ort.SessionOptions()
-        options.intra_op_num_threads = torch.get_num_threads()
-        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+        # int8 batches are never sliced (module docstring): one thread a slice, the threads torch has
+        self.workers = 1 if int8 else max(1, torch.get_num_threads())
         if weights is None:
             with tempfile.TemporaryDirectory() as tmp:
                 path = self._build(model, example, int8, Path(tmp))
-                self.session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+                self._load(path)
             return
         self.path = self.cached(model, example, int8, weights)
-        self.session = ort.InferenceSession(str(self.path), options, providers=["CPUExecutionProvider"])
+        self._load(self.path)
+
+    def _load(self, path: Path) -> None:
+        """The many-thread session (a small batch, a query's latency) and, with more than one worker, the
+        one-thread session every slice of a large batch runs in, both read from `path` now (a temporary
+        export is removed once loaded)."""
+        import onnxruntime as ort
+
+        def session(threads: int):
+            options = ort.SessionOptions()
+            options.intra_op_num_threads = threads
+            options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+            return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+
+        self.session = session(torch.get_num_threads())
+        self.slice_session = session(1) if self.workers > 1 else None
+        self._pool = None
 
     def cached(self, model: torch.nn.Module, example: dict[str, torch.Tensor], int8: bool, weights: str) -> Path:
         """The cached export's model.onnx, made first when missing (once, whatever number of processes ask)."""
@@ -152,4 +179,14 @@ class OnnxForward:
 
     def __call__(self, **batch: torch.Tensor) -> torch.Tensor:
         feed = {n: batch[n].cpu().numpy() for n in self.names}
-        return torch.from_numpy(self.session.run(None, feed)[0])
+        rows = len(feed[self.names[0]])
+        if self.slice_session is None or rows < 2 * self.workers:
+            return torch.from_numpy(self.session.run(None, feed)[0])
+        from concurrent.futures import ThreadPoolExecutor
+
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(self.workers, thread_name_prefix="onnx-slice")
+        bounds = np.linspace(0, rows, self.workers + 1).astype(int)
+        slices = [{n: v[a:b] for n, v in feed.items()} for a, b in itertools.pairwise(bounds)]
+        parts = self._pool.map(lambda f: self.slice_session.run(None, f)[0], slices)
+        return torch.from_numpy(np.concatenate(list(parts)))
