@@ -162,6 +162,21 @@ def test_a_chunk_of_another_document_tower_is_refused(tiny_bert_dir, corpus, tmp
     assert (again["skipped"], again["encoded"]) == (5, 0)
 
 
+def assert_workload_counts(overrides: list[str], encoded_texts: set[str], model_dir) -> None:
+    """bench/eval_workload.py counts the texts the evaluation encoded and their tokens, under the model's
+    document prompt and evaluate.yaml's max_length, as the tokenizer gives them one by one."""
+    from omegaconf import OmegaConf
+    from transformers import AutoTokenizer
+
+    from bench.eval_workload import document_tokens
+
+    cfg = OmegaConf.to_container(load_config("evaluate", [*overrides, "~benchmark@extra_benchmark"]), resolve=True)
+    prompt = (cfg["model"].get("prompts") or {}).get("document", "")
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    tokens = sum(len(tokenizer(prompt + t, truncation=True, max_length=256)["input_ids"]) for t in encoded_texts)
+    assert document_tokens(cfg)["all"] == {"texts": len(encoded_texts), "tokens": tokens}
+
+
 def test_evaluation_afterwards_encodes_no_documents(tiny_bert_dir, tmp_path, encoded):
     from _evaluation_helpers import write_beir
 
@@ -186,6 +201,7 @@ def test_evaluation_afterwards_encodes_no_documents(tiny_bert_dir, tmp_path, enc
 
     evaluation(tmp_path / "cold")  # the counter sees documents being encoded when the cache lacks them
     assert len(set(encoded["document"])) == n_docs and encoded["query"]
+    assert_workload_counts(bench, set(encoded["document"]), tiny_bert_dir)
 
     clear(encoded)
     stats = run(*bench, f"cache.dir={tmp_path / 'cache'}", "shard_size=5", "batch_size=4")
