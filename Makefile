@@ -122,8 +122,11 @@ space := $(empty) $(empty)
 SIGNALS_RUNS := $(foreach a,$(SIGNALS),$(foreach s,0 1 2,signals-$(a)-s$(s)))
 SIGNALS_EVALS := $(addprefix $(EVAL)/,$(SIGNALS_RUNS))
 MRL_RUN := cpu_default-me5_small-mrl
-# The reranker arms' cross-encoder (conf/experiment/reranker_cpu.yaml: about an hour on 2 cores): judge and teacher
+# The reranker arms' cross-encoder (conf/experiment/reranker_cpu.yaml: ~18 min on 2 idle cores): judge and teacher
 RERANKER_RUN := $(RUNS)/reranker_cpu-me5_reranker
+# The judge and teacher folder: the CPU reranker's final/ unless given (`make ablation-signals
+# RERANKER=/models/bge-reranker-v2-m3`: a one-label sequence-classification folder; nothing is trained then)
+RERANKER ?= $(RERANKER_RUN)/final
 ablation-signals: model
 	$(PY) -m data_pipeline stage=training
 	$(PY) -m data_pipeline stage=mine mine.similarity=document 'mine.out_dir=$${data_dir}/mined/document'
@@ -134,15 +137,18 @@ ablation-signals: model
 	$(PY) train.py
 	$(PY) -m data_pipeline stage=score teacher=$(TRAIN_RUN)/final \
 		'score.input_dir=$${data_dir}/mined/document-rm0.05' 'score.out_dir=$${data_dir}/scored/document-rm0.05'
-	$(PY) train.py experiment=reranker_cpu
+	test -d $(RERANKER) || $(PY) train.py experiment=reranker_cpu
 	for rule in drop relabel; do \
-		$(PY) -m data_pipeline stage=mine mine.similarity=document mine.judge=$(RERANKER_RUN)/final \
+		$(PY) -m data_pipeline stage=mine mine.similarity=document mine.judge=$(RERANKER) \
 			mine.judge_rule=$$rule "mine.out_dir=\$${data_dir}/mined/document-judge-$$rule" || exit 1; \
 	done
-	$(PY) -m data_pipeline stage=score teacher=$(RERANKER_RUN)/final \
+	$(PY) -m data_pipeline stage=score teacher=$(RERANKER) \
 		'score.input_dir=$${data_dir}/mined/document' 'score.out_dir=$${data_dir}/scored/document-reranker'
+	@# the reranker's row without Acc@1024: its trials cross-encode 136 x 1,024 pairs (~1.5 h on 2 cores), where
+	@# Hit@10 and MRR@10 read the retrieve-then-rerank top 100
 	test -f $(EVAL)/signals-reranker/summary.json || \
-	$(PY) evaluate.py ckpt=$(RERANKER_RUN)/final $(ABLATION_EVAL) run_name=signals-reranker
+	$(PY) evaluate.py ckpt=$(RERANKER) $(ABLATION_EVAL) 'benchmark.tasks.cmedqa2.metrics=[success_10,mrr_10]' \
+		run_name=signals-reranker
 	$(PY) train.py -m experiment=$(subst $(space),$(comma),$(addprefix signals/,$(SIGNALS))) seed=0,1,2
 	test -f $(EVAL)/signals-zeroshot/summary.json || \
 	$(PY) evaluate.py model=me5_small $(ABLATION_EVAL) run_name=signals-zeroshot
