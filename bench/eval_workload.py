@@ -17,6 +17,7 @@ from omegaconf import OmegaConf
 from transformers import AutoTokenizer
 
 from care.config import load_config
+from care.encoders.prompts import Prompts
 from care.evaluation import corpora
 from care.families import family_of
 from data_pipeline import benchmarks as builders
@@ -25,15 +26,15 @@ from data_pipeline import benchmarks as builders
 def document_tokens(cfg: dict) -> dict:
     """{task type: {texts, tokens}, "all": {...}} for the model and benchmarks of an evaluate.py config."""
     model = corpora.model_from_app_config(cfg)
-    if family_of(model).towers:  # two towers: the documents go through the document tower
-        model = model["document"]
-    tokenizer = AutoTokenizer.from_pretrained(model["path"])
-    prompt = (model.get("prompts") or {}).get("document", "")
-    limit = int(model.get("max_length", 512))
+    prompts = Prompts.from_config(model)  # the one place prompts are applied (templates, older keys)
+    tower = model["document"] if family_of(model).towers else model  # two towers: the document tower reads them
+    tokenizer = AutoTokenizer.from_pretrained(tower["path"])
+    limit = int(tower.get("max_length", 512))
     texts = corpora.document_texts(corpora.load_benchmarks(cfg, build=builders.build, show_progress=False))
     out, union = {}, {}
     for task, items in texts.items():
-        lengths = [len(ids) for ids in tokenizer([prompt + t for t in items], truncation=True, max_length=limit)["input_ids"]]
+        prompted = prompts.apply(items, "document", task)
+        lengths = [len(ids) for ids in tokenizer(prompted, truncation=True, max_length=limit)["input_ids"]]
         out[task] = {"texts": len(items), "tokens": sum(lengths)}
         union.update(zip(items, lengths))
     out["all"] = {"texts": len(union), "tokens": sum(union.values())}  # a text in two task types is encoded once
