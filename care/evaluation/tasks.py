@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from functools import partial
 
 import numpy as np
+from tqdm.auto import tqdm
 
 from care.data.tasks import TaskData
 from care.evaluation.metrics import (
@@ -78,7 +79,7 @@ def run_reranking(data: TaskData, scorer, metrics: Sequence[str], items: dict | 
     results = {}
     for method in scorer.methods:
         run = {}
-        for qi, qid in enumerate(qids):
+        for qi, qid in enumerate(_lists(qids, data, method)):
             cands = list(data.qrels[qid])
             s = _finite(prepared.score(method, qi, [position[d] for d in cands]), data,
                         f"a candidate of query {data.queries[qid]!r} ({method})")
@@ -138,7 +139,7 @@ def run_candidates(data: TaskData, scorer, metrics: Sequence[str], items: dict |
     results = {}
     for method in scorer.methods:
         run = {}
-        for qi, qid in enumerate(qids):
+        for qi, qid in enumerate(_lists(qids, data, method)):
             cands = [d for d in data.candidates[qid] if safeguard or d != data.safeguards.get(qid)]
             cands = shuffled(qid, cands)
             s = _finite(prepared.score(method, qi, [position[d] for d in cands]).astype(np.float32), data,
@@ -147,6 +148,12 @@ def run_candidates(data: TaskData, scorer, metrics: Sequence[str], items: dict |
             run[qid] = {cands[i]: float(len(cands) - rank) for rank, i in enumerate(order)}
         results[method] = _trec(run, data, metrics, method, items)
     return results
+
+
+def _lists(qids: list[str], data: TaskData, method: str):
+    """The queries of a candidate-list run, with a progress bar: a cross-encoder scores each list for seconds
+    (care.retrieval.rerank), where an encoder's dot products take none and the bar is gone at once."""
+    return tqdm(qids, desc=f"score {data.type} lists ({method})", unit="query", leave=False)
 
 
 RUNNERS = {"retrieval": run_retrieval, "reranking": run_reranking, "sts": run_sts, "candidates": run_candidates}

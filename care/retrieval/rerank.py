@@ -25,19 +25,11 @@ RERANK = "rerank"
 class RerankedPair:
     def __init__(self, scorer: RerankerScorer, queries: Sequence[str], docs: Sequence[str], task: str | None):
         self.scorer, self.queries, self.docs, self.task = scorer, list(queries), list(docs), task
-        self._bar = None  # the candidate lists' progress (a cross-encoder takes minutes where a dot product takes none)
 
     def score(self, method: str, qi: int, docs: np.ndarray) -> np.ndarray:
-        if self._bar is None:
-            self._bar = tqdm(total=len(self.queries), desc=f"rerank {self.task or ''} lists", unit="query", leave=False)
         docs = np.asarray(docs, dtype=np.int64).tolist()
-        scores = self.scorer.cross.score_pairs([self.queries[qi]] * len(docs), [self.docs[j] for j in docs],
-                                               self.scorer.batch_size).astype(np.float64)
-        self._bar.update(1)
-        if self._bar.n >= self._bar.total:  # a next round of calls (Acc@N's trials) gets a bar of its own
-            self._bar.close()
-            self._bar = None
-        return scores
+        return self.scorer.cross.score_pairs([self.queries[qi]] * len(docs), [self.docs[j] for j in docs],
+                                             self.scorer.batch_size).astype(np.float64)
 
     def search(self, depth: int) -> dict[str, tuple[np.ndarray, np.ndarray]]:
         """The first stage's top min(k, depth) of every query, reordered by the cross-encoder's scores."""
