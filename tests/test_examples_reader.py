@@ -92,9 +92,20 @@ def _line(spec) -> str:
     return spec if isinstance(spec, str) else json.dumps(spec, ensure_ascii=False)
 
 
+# How many examples each caller says it read (its return value; the export counts the lines it wrote).
+READ = {"mine": len, "score": len, "export_flag": lambda n: n, "training": len,
+        "nano_leakage": lambda stats: stats["training_examples"]}
+
+
 @pytest.mark.parametrize("caller", CALLERS)
 def test_a_good_file_is_read_by_every_caller(tmp_path, caller):
-    CALLERS[caller](_folder(tmp_path, [json.dumps(GOOD), "", json.dumps({**GOOD, "query_id": "q2"})]))
+    """Both examples reach the caller (a reader that read nothing, or skipped the line after the blank one,
+    fails here); the export writes one line per example."""
+    folder = _folder(tmp_path, [json.dumps(GOOD), "", json.dumps({**GOOD, "query_id": "q2"})])
+    assert READ[caller](CALLERS[caller](folder)) == 2
+    if caller == "export_flag":
+        rows = [json.loads(line) for line in (folder / "flag.jsonl").read_text(encoding="utf-8").splitlines()]
+        assert [r["query"] for r in rows] == [TEXTS["q1"], TEXTS["q2"]]
 
 
 @pytest.mark.parametrize("case", CASES)

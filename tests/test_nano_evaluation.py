@@ -3,6 +3,7 @@ configs with globs, HAKARI's column names, a dense config named after harrier) i
 code change; the candidate reranking shuffles, drops the safeguard when asked, and agrees with pytrec_eval."""
 from __future__ import annotations
 
+import hashlib
 import json
 import random
 
@@ -163,6 +164,13 @@ def test_candidate_reranking_matches_pytrec_eval(nanocmteb, safeguard):
         assert got["recall_100"] < with_sg["recall_100"]
 
 
+def _documented_order(qid: str, docs: list[str]) -> list[str]:
+    """The candidate order as docs/nano.md states HAKARI's rule, written out here rather than taken from
+    care.evaluation.tasks: ascending sha256 hex of "<seed>\\0<query id>\\0<doc id>", seed care-nano-candidates-v1."""
+    return sorted(docs, key=lambda d: hashlib.sha256(("care-nano-candidates-v1" + "\0" + qid + "\0" + d)
+                                                     .encode("utf-8")).hexdigest())
+
+
 def test_ties_follow_the_shuffle_not_the_stored_order(nanocmteb):
     """A model that scores every candidate alike must not profit from the stored order (positive first in
     most rows) nor from rank 101: the ranking is the seeded shuffle."""
@@ -171,7 +179,8 @@ def test_ties_follow_the_shuffle_not_the_stored_order(nanocmteb):
     flat = np.zeros((len(data.queries), len(data.docs)), dtype=np.float32)
     items = {}
     got = run_candidates(data, MatrixScorer(flat), ["ndcg_cut_10"], items=items)["dense"]
-    run = {q: {d: float(-i) for i, d in enumerate(shuffled(q, data.candidates[q]))} for q in data.queries}
+    run = {q: {d: float(-i) for i, d in enumerate(_documented_order(q, data.candidates[q]))} for q in data.queries}
+    assert all(shuffled(q, data.candidates[q]) == list(run[q]) for q in data.queries)
     assert got["ndcg_cut_10"] == pytest.approx(_pytrec(run, data.qrels, {"ndcg_cut_10"})["ndcg_cut_10"], abs=1e-9)
     stored = {q: {d: float(-i) for i, d in enumerate(data.candidates[q])} for q in data.queries}
     assert _pytrec(stored, data.qrels, {"ndcg_cut_10"})["ndcg_cut_10"] > got["ndcg_cut_10"]
