@@ -20,6 +20,7 @@ from pathlib import Path
 
 import pytest
 from _evaluation_helpers import Recorder
+from _home_helpers import user_env
 
 from care.config import load_config
 from care.data.io import write_jsonl
@@ -262,13 +263,13 @@ def test_cli_in_a_fresh_interpreter_writes_nothing_under_home(files, spread_bert
     folder and no MTEB_CACHE/HF_HOME/HF_DATASETS_CACHE set: it prints mteb's main score beside evaluate.py's
     with the difference, writes mteb's results where mteb's result cache reads them (<outputs>/mteb by
     default: results/care__tiny_bert/<fingerprint>/<task>.json + model_meta.json, read back here by mteb's own
-    loader), and nothing under the (temporary) home, neither mteb's result cache nor the datasets cache."""
+    loader), and nothing under the (temporary) home, neither mteb's result cache nor the datasets cache nor
+    onnxruntime's telemetry device id.  The environment is a user's: onnxruntime writes no device id when a CI
+    variable or ORT_DISABLE_TELEMETRY is set, so those are removed (the project must switch it off itself)."""
     home = tmp_path / "home"
     home.mkdir()
-    env = {k: v for k, v in os.environ.items()
-           if k not in ("MTEB_CACHE", "HF_HOME", "HF_DATASETS_CACHE", "XDG_CACHE_HOME", "HF_HUB_CACHE")}
-    env.update(HOME=str(home), CARE_CACHE=str(tmp_path / "care-cache"), CARE_OUTPUTS=str(tmp_path / "outputs"),
-               HF_HUB_OFFLINE="1", WANDB_MODE="disabled", OMP_NUM_THREADS="1")
+    env = user_env(home, CARE_CACHE=str(tmp_path / "care-cache"), CARE_OUTPUTS=str(tmp_path / "outputs"),
+                   HF_HUB_OFFLINE="1", WANDB_MODE="disabled", OMP_NUM_THREADS="1")
     cmd = [sys.executable, "-m", "care.evaluation.mteb_adapter", *overrides(files, spread_bert), "keys=rerank,sts"]
     run = subprocess.run(cmd, check=False, cwd=PROJECT_ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert run.returncode == 0, run.stderr[-3000:]

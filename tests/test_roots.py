@@ -11,6 +11,7 @@ import json
 import os
 import re
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -172,3 +173,28 @@ def test_the_study_cli_writes_under_the_moved_root(tmp_path, monkeypatch):
     main([str(run)])
     written = sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("study.json"))
     assert len(written) == 1 and written[0].parts[:2] == ("moved-out", "compare"), written
+
+
+# ---- nothing under the user's home ---------------------------------------------------------------------------
+
+@pytest.mark.parametrize("user_value", [None, "0"])
+def test_importing_the_project_keeps_onnxruntime_out_of_home(tmp_path, user_value):
+    """A fresh interpreter in a user's environment (no CI variable, which onnxruntime's telemetry reads as 'off')
+    imports the project, asks whether the ONNX backend can run (the import every app makes on the CPU) and
+    imports onnxruntime: ORT_DISABLE_TELEMETRY=1 is set, and nothing appears under HOME (onnxruntime 1.32 writes
+    ~/.cache/Microsoft/DeveloperTools/.onnxruntime/{deviceid,onnxruntime.db} without it).  A value the user set
+    themselves is kept (then the user asked for telemetry, and its files are theirs)."""
+    pytest.importorskip("onnxruntime")
+    from _home_helpers import user_env
+
+    home = tmp_path / "home"
+    home.mkdir()
+    env = user_env(home, **({} if user_value is None else {"ORT_DISABLE_TELEMETRY": user_value}))
+    code = ("import os, care; from care.encoders.onnx_backend import onnx_available; import onnxruntime; "
+            "assert onnx_available(); print(os.environ['ORT_DISABLE_TELEMETRY'])")
+    run = subprocess.run([sys.executable, "-c", code], check=False, cwd=PROJECT_ROOT, env=env, capture_output=True,
+                         text=True, timeout=120)
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert run.stdout.strip() == (user_value or "1")
+    if user_value is None:
+        assert sorted(home.rglob("*")) == []
