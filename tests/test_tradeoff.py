@@ -54,3 +54,31 @@ def test_the_command_writes_json_table_and_plot(tmp_path, capsys):
     assert (tmp_path / "res" / "care_tradeoff.png").stat().st_size > 0
     assert "| r | CARE | 30.00 | 60.00 | 45.00 | 75.0 | 4.0 | 12.0 | 33.3 |" in capsys.readouterr().out
     assert out.with_suffix(".md").read_text().count("\n") == 3
+
+
+def test_seed_groups_mean_and_sd_over_a_runs_seeds(tmp_path, capsys):
+    """Rows named <stem>-s<seed> in one run form a group: mean and sample sd (numpy, ddof=1) of each cell; a
+    name without a seed stays alone; the same stem in another run is another group."""
+    import numpy as np
+
+    one = summary(tmp_path / "one", "one", [("me5_small", {"v1": 50, "sts": 70}, 10.0),
+                                              ("t/g-s42", {"v1": 30, "sts": 60}, 4.0), ("t/g-s1", {"v1": 34, "sts": 61}, 5.0),
+                                              ("t/g-s2", {"v1": 29, "sts": 65}, 3.0), ("t/h-s42", {"v1": 20, "sts": 50}, 4.0),
+                                              ("t/e", {"v1": 55, "sts": 70}, 11.0)])
+    two = summary(tmp_path / "two", "two", [("me5_small", {"v1": 50, "sts": 70}, 20.0), ("t/g-s7", {"v1": 1, "sts": 2}, 4.0)])
+    out = tmp_path / "res" / "claim.json"
+    main([str(one), str(two), "--out", str(out), "--note", "idle"])
+    saved = json.loads(out.read_text())
+    groups = {(g["run"], g["model"]): g for g in saved["seed_groups"]}
+    assert set(groups) == {("one", "t/g"), ("one", "t/h"), ("two", "t/g")}
+    g = groups[("one", "t/g")]
+    assert g["seeds"] == [1, 2, 42] and g["n"] == 3
+    v1 = np.array([30, 34, 29])
+    assert g["slots"]["v1"]["mean"] == pytest.approx(v1.mean()) and g["slots"]["v1"]["sd"] == pytest.approx(v1.std(ddof=1))
+    lat = np.array([40.0, 50.0, 30.0])  # % of run one's 10 ms
+    assert g["latency_pct"]["mean"] == pytest.approx(lat.mean()) and g["latency_pct"]["sd"] == pytest.approx(lat.std(ddof=1))
+    assert groups[("one", "t/h")]["avg"] == {"mean": 35.0, "sd": None}  # one seed: no spread
+    assert groups[("two", "t/g")]["avg_pct"]["mean"] == pytest.approx(round(100 * 1.5 / 60, 1))
+    assert saved["measured"]["note"] == "idle" and [m["run"] for m in saved["measured"]["runs"]] == ["one", "two"]
+    assert "| one | t/g | 1, 2, 42 | 31.00 ± 2.65 |" in capsys.readouterr().out
+    assert (tmp_path / "res" / "claim_tradeoff.png").stat().st_size > 0

@@ -28,9 +28,7 @@ it (tests/test_inference_backend.py).  int8 is never sliced: its activation scal
 """
 from __future__ import annotations
 
-import hashlib
 import itertools
-import json
 import logging
 import tempfile
 import warnings
@@ -76,9 +74,11 @@ def padded_example(tokenize: Callable[[list[str]], dict]) -> dict[str, torch.Ten
 def export_key(weights: str, model: torch.nn.Module, names: list[str], int8: bool) -> str:
     import transformers
 
+    from care.data.io import json_digest
+
     key = {**EXPORT_SETTINGS, "weights": weights, "class": type(model).__name__, "inputs": names, "int8": int8,
            "torch": torch.__version__, "transformers": transformers.__version__}
-    return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:24]
+    return json_digest(key, 24, sort_keys=True)
 
 
 class OnnxForward:

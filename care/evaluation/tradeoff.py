@@ -9,13 +9,20 @@ run with another benchmark build would).  Each RUN is an evaluate.py output fold
 
 Per model row (every model of every run but the reference and BM25; `--keep-reference` keeps each run's
 reference row, at 100%): the run, the model, the benchmark's slots and Avg, `avg_pct` (Avg / reference Avg x
-100), query latency p50 / p95 and `latency_pct` (p50 / reference p50 x 100), online parameters.  Writes the
-JSON (--out), a scatter plot beside it (`<stem>_tradeoff.png`: latency % against Avg %, with the target box
-of --target-avg / --target-latency) and prints a Markdown table.
+100), query latency p50 / p95 and `latency_pct` (p50 / reference p50 x 100), online parameters.  Training
+seeds: rows of one run whose names differ only in a last `-s<seed>` (`care_claim/g-cut4-ft-s1`, `-s2`, ...;
+how `make care-claim` names its links) form a seed group, with the mean and sample sd over its seeds of every
+slot, Avg, and both shares (`seed_groups` in the JSON, a second table).  Each run's date (its summary.json's
+time), load average and CPU count, with --note, go under `measured`.  Writes the JSON (--out), a scatter plot
+beside it (`<stem>_tradeoff.png`: latency % against Avg %, a seed group at its mean with its sd as error bars,
+with the target box of --target-avg / --target-latency) and prints the Markdown tables.
 """
 from __future__ import annotations
 
 import argparse
+import re
+import statistics
+from datetime import datetime, timezone
 from pathlib import Path
 
 from care.data.io import atomic_open, read_json, save_figure, write_json
@@ -23,6 +30,7 @@ from care.data.numbers import fmt_number
 from care.errors import app_errors
 
 P50, P95 = "query_latency_ms_p50", "query_latency_ms_p95"
+SEED = re.compile(r"^(?P<stem>.+)-s(?P<seed>\d+)$")  # a row name's training seed (make care-claim's links)
 
 
 def _pct(value: float | None, reference: float | None) -> float | None:
@@ -65,6 +73,56 @@ def run_rows(folder: Path, reference: str, benchmark: str | None, keep_reference
     return rows
 
 
+def measured(folder: Path) -> dict:
+    """When and how busy: the run's summary.json time (UTC), and the load and CPUs evaluate.py recorded."""
+    path = folder / "summary.json"
+    settings = read_json(path).get("settings") or {}
+    when = datetime.fromtimestamp(path.stat().st_mtime, tz=timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    return {"run": folder.name, "summary_written": when, "load_average_1m": settings.get("load_average_1m"),
+            "cpus": settings.get("cpus"), "seconds": settings.get("seconds")}
+
+
+def _mean_sd(values: list) -> dict | None:
+    values = [v for v in values if v is not None]
+    if not values:
+        return None
+    return {"mean": statistics.fmean(values), "sd": statistics.stdev(values) if len(values) > 1 else None}
+
+
+def seed_groups(rows: list[dict]) -> list[dict]:
+    """Rows of one run named `<stem>-s<seed>` grouped by stem: mean and sd over the seeds, per cell."""
+    found: dict[tuple, list[dict]] = {}
+    for r in rows:
+        if m := SEED.match(r["model"]):
+            found.setdefault((r["run"], m["stem"]), []).append({**r, "seed": int(m["seed"])})
+    groups = []
+    for (run, stem), members in found.items():
+        slots = list(dict.fromkeys(s for r in members for s in r["slots"]))
+        groups.append({
+            "run": run, "model": stem, "seeds": sorted(r["seed"] for r in members), "n": len(members),
+            "slots": {s: _mean_sd([r["slots"].get(s) for r in members]) for s in slots},
+            **{k: _mean_sd([r[k] for r in members]) for k in ("avg", "avg_pct", "query_ms_p50", "latency_pct")},
+        })
+    return groups
+
+
+def _cell(x: dict | None, digits: int = 2) -> str:
+    if x is None:
+        return "n/a"
+    return fmt_number(x["mean"], digits) + ("" if x["sd"] is None else f" ± {fmt_number(x['sd'], digits)}")
+
+
+def groups_markdown(groups: list[dict]) -> str:
+    slots = list(dict.fromkeys(s for g in groups for s in g["slots"]))
+    head = ["run", "rows (mean ± sd over seeds)", "seeds", *slots, "Avg", "% of ref. Avg", "% of ref. latency"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * 3 + "---:|" * (len(head) - 3)]
+    for g in groups:
+        cells = [g["run"], g["model"], ", ".join(map(str, g["seeds"])), *(_cell(g["slots"].get(s)) for s in slots),
+                 _cell(g["avg"]), _cell(g["avg_pct"], 1), _cell(g["latency_pct"], 1)]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
 def _millions(n: int | None) -> float | None:
     return None if n is None else round(n / 1e6, 1)
 
@@ -82,7 +140,8 @@ def markdown(rows: list[dict]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def plot(path: Path, rows: list[dict], target_avg: float, target_latency: float) -> Path:
+def plot(path: Path, rows: list[dict], target_avg: float, target_latency: float,
+         groups: list[dict] = ()) -> Path:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -90,10 +149,21 @@ def plot(path: Path, rows: list[dict], target_avg: float, target_latency: float)
 
     fig, ax = plt.subplots(figsize=(7, 4.8))
     points = [r for r in rows if r["avg_pct"] is not None and r["latency_pct"] is not None]
-    ax.scatter([r["latency_pct"] for r in points], [r["avg_pct"] for r in points])
-    for r in points:  # the row name without its run folder (d-stage2, me5_small): full labels run off the axes
+    seeded = {(g["run"], g["model"]) for g in groups}
+    alone = [r for r in points if not ((m := SEED.match(r["model"])) and (r["run"], m["stem"]) in seeded)]
+    ax.scatter([r["latency_pct"] for r in points if r not in alone], [r["avg_pct"] for r in points if r not in alone],
+               s=8, color="grey", alpha=0.5, label="one seed of a seed group")
+    ax.scatter([r["latency_pct"] for r in alone], [r["avg_pct"] for r in alone], color="C0")
+    for r in alone:  # the row name without its run folder (d-stage2, me5_small): full labels run off the axes
         ax.annotate(r["model"].rsplit("/", 1)[-1], (r["latency_pct"], r["avg_pct"]), fontsize=7, xytext=(4, 3),
                     textcoords="offset points")
+    for g in groups:
+        if g["avg_pct"] is None or g["latency_pct"] is None:
+            continue
+        x, y = g["latency_pct"], g["avg_pct"]
+        ax.errorbar(x["mean"], y["mean"], xerr=x["sd"] or 0, yerr=y["sd"] or 0, fmt="s", color="C1", capsize=2, ms=4)
+        ax.annotate(f"{g['model'].rsplit('/', 1)[-1]} ({g['n']} seeds)", (x["mean"], y["mean"]), fontsize=7,
+                    xytext=(4, -9), textcoords="offset points", color="C1")
     ax.axhline(target_avg, ls="--", lw=0.8, color="grey")
     ax.axvline(target_latency, ls="--", lw=0.8, color="grey")
     ax.fill_between([0, target_latency], target_avg, 105, color="green", alpha=0.08,
@@ -116,20 +186,23 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--keep-reference", action="store_true", help="keep each run's reference row (100%%)")
     ap.add_argument("--target-avg", type=float, default=90.0)
     ap.add_argument("--target-latency", type=float, default=40.0)
+    ap.add_argument("--note", default=None, help="what the numbers need said (the machine, what else ran)")
     ap.add_argument("--out", type=Path, required=True, help="the JSON; the plot goes beside it")
     args = ap.parse_args(argv)
     with app_errors("tradeoff", resumes=False):
         rows = [r for run in args.runs for r in run_rows(run, args.reference, args.benchmark, args.keep_reference)]
-        table = markdown(rows)
+        groups = seed_groups(rows)
+        table = markdown(rows) + (f"\n{groups_markdown(groups)}" if groups else "")
         write_json(args.out, {"what": "each model as a % of the reference measured in the same evaluation run "
                                       "(python -m care.evaluation.tradeoff)",
                               "runs": [r.name for r in args.runs], "reference": args.reference,
+                              "measured": {"runs": [measured(r) for r in args.runs], "note": args.note},
                               "target": {"avg_pct_at_least": args.target_avg,
                                          "latency_pct_at_most": args.target_latency},
-                              "rows": rows})
+                              "rows": rows, "seed_groups": groups})
         with atomic_open(args.out.with_suffix(".md")) as fh:
             fh.write(table)
-        plot(args.out.with_name(f"{args.out.stem}_tradeoff.png"), rows, args.target_avg, args.target_latency)
+        plot(args.out.with_name(f"{args.out.stem}_tradeoff.png"), rows, args.target_avg, args.target_latency, groups)
         print(table)
 
 
