@@ -3,14 +3,13 @@ config is its recipe (the settings that change the trained weights, grouped over
 from __future__ import annotations
 
 import copy
-import hashlib
-import json
 from collections.abc import Mapping, Sequence
 
 from hydra import compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
 from omegaconf import DictConfig, OmegaConf
 
+from care.data.io import json_digest
 from care.paths import PROJECT_ROOT
 
 CONF_DIR = PROJECT_ROOT / "conf"
@@ -110,4 +109,4 @@ def recipe(config: dict, ignore: Sequence[str] = ("seed",)) -> dict:
 
 def recipe_group(config: dict, ignore: Sequence[str] = ("seed",)) -> str:
     """A short stable name of a recipe (12 hex digits)."""
-    return hashlib.sha256(json.dumps(recipe(config, ignore), sort_keys=True, default=str).encode()).hexdigest()[:12]
+    return json_digest(recipe(config, ignore), 12, sort_keys=True, default=str)

@@ -213,3 +213,12 @@ def file_digest(path: str | Path, algorithm: str = "sha256", chars: int | None =
         for block in iter(lambda: fh.read(8 << 20), b""):
             h.update(block)
     return h.hexdigest()[:chars]
+
+
+def json_digest(value, chars: int, *, sort_keys: bool = False, ensure_ascii: bool = True, default=None) -> str:
+    """sha256 of `value`'s JSON text, its first `chars` hex characters: the key of a cache entry, a stage's or
+    an encoder's fingerprint, a run's config hash.  The options are json.dumps's, with its defaults; each key
+    keeps the options and length it was first stored with (any change gives every stored key another value:
+    tests/test_json_digest.py holds each site to its old expression)."""
+    text = json.dumps(value, sort_keys=sort_keys, ensure_ascii=ensure_ascii, default=default)
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()[:chars]

@@ -11,14 +11,13 @@ embedding cache keeps a corpus when only the query tower changes.
 """
 from __future__ import annotations
 
-import hashlib
-import json
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
+from care.data.io import json_digest
 from care.encoders.prompts import SIDES, Prompts
 from care.families import family_of
 from care.models import HEADS
@@ -137,8 +136,7 @@ class Encoder(ABC):
 
 
 def _digest(identity: dict) -> str:
-    blob = json.dumps(identity, sort_keys=True, ensure_ascii=False).encode()
-    return hashlib.sha256(blob).hexdigest()[:16]
+    return json_digest(identity, 16, sort_keys=True, ensure_ascii=False)
 
 
 __all__ = ["HEADS", "Embeddings", "Encoder", "check_finite"]

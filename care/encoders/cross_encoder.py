@@ -10,14 +10,13 @@ evaluation (care.retrieval.rerank), the score stage's teacher and the mine stage
 """
 from __future__ import annotations
 
-import hashlib
-import json
 from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
 import torch
 
+from care.data.io import json_digest
 from care.models.hub import resolve_model_path, weights_digest
 
 TRUNCATION = "longest_first"  # a pair's tokens come off the longer text first
@@ -27,7 +26,7 @@ def pair_fingerprint(folder: str | Path, max_length: int) -> str:
     """What a folder's pair scores depend on: its weights, the token limit, the truncation and the score."""
     identity = {"kind": "cross-encoder", "weights": weights_digest(folder), "max_length": int(max_length),
                 "truncation": TRUNCATION, "score": "logit"}
-    return hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:16]
+    return json_digest(identity, 16, sort_keys=True)
 
 
 class CrossEncoder:

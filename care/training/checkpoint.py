@@ -29,7 +29,6 @@ with a note of its size, by the run's next start, which holds the folder's lock 
 """
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import random
@@ -43,7 +42,7 @@ from accelerate.utils import broadcast_object_list, gather_object
 from omegaconf import DictConfig, OmegaConf
 
 from care.config import recipe
-from care.data.io import DataError, atomic_folder, file_digest, read_json
+from care.data.io import DataError, atomic_folder, file_digest, json_digest, read_json
 from care.encoders.registry import CHECKPOINT_MODEL, TRAINING_RECORD
 from care.families import tower_configs
 from care.models.hub import read_torch, weights_digest
@@ -80,7 +79,7 @@ def config_hash(cfg: DictConfig) -> str:
     c["data_digest"] = [file_digest(cfg.data.texts), file_digest(cfg.data.examples)]
     paths = [tower["path"] for tower in tower_configs(cfg.model)]
     c["start_weights"] = [weights_digest(p) for p in paths] if len(paths) > 1 else weights_digest(paths[0])
-    return hashlib.sha256(json.dumps(c, sort_keys=True).encode()).hexdigest()[:16]
+    return json_digest(c, 16, sort_keys=True)
 
 
 # ---- the manifest: every file's size and digest --------------------------------------------------------

@@ -7,13 +7,12 @@
 from __future__ import annotations
 
 import functools
-import hashlib
-import json
 import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from care.data.io import json_digest
 from care.data.tasks import TaskData
 from care.evaluation.metrics import parse_metric
 from care.evaluation.mteb_adapter.data import load_local_copy
@@ -25,7 +24,7 @@ def data_revision(data: TaskData) -> str:
     """A digest of a loaded task's content, as its mteb dataset revision (never resolved: the data is in memory)."""
     payload = [data.type, data.queries, data.docs, data.qrels, data.pairs, data.gold, data.candidates,
                data.safeguards]
-    return hashlib.sha256(json.dumps(payload, ensure_ascii=False, sort_keys=True).encode()).hexdigest()[:16]
+    return json_digest(payload, 16, sort_keys=True, ensure_ascii=False)
 
 
 def retrieval_split(data: TaskData, top_ranked: Mapping[str, Sequence[str]] | None = None) -> dict:
