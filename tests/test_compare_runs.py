@@ -158,3 +158,24 @@ def test_a_newer_key_at_its_neutral_value_keeps_the_recipe():
     assert recipe_group(care) == recipe_group(with_key)
     with_key["model"]["stages"]["stage1"]["heldout_texts"] = 500
     assert recipe_group(care) != recipe_group(with_key)
+
+
+def test_a_baseline_is_picked_by_its_exact_name_before_label_words(tmp_path):
+    """Recipes that differ in model.name carry it in their labels ("model.name=me5_small"): --b me5_small is
+    the baseline row of that name, not an ambiguity (make care-claim's gains over me5_small, care_me5)."""
+    rng = np.random.default_rng(1)
+    trained = {}
+    for name, model in [("ft-big", "me5_small"), ("ft-cut", "me5_small_cut4")]:
+        folder = tmp_path / "models" / name
+        folder.mkdir(parents=True)
+        config = {"seed": 0, "run_name": name, "trainer": {"lr": 2e-5}, "model": {"name": model}}
+        (folder / "care_training.json").write_text(json.dumps({"config": config}), encoding="utf-8")
+        trained[name] = (folder, 0.0)
+    run, _ = _run(tmp_path, "eval", {**trained, "me5_small": (None, 0.0), "me5_small_cut4": (None, 0.0)}, rng)
+    labels = [g["label"] for g in compare([run])["groups"]]
+    assert labels[:2] == ["model.name=me5_small", "model.name=me5_small_cut4"]
+    gains = compare([run], [("ft-cut", "me5_small"), ("ft-big", "me5_small_cut4")])["gains"]
+    assert [(g["of"], g["over"]) for g in gains] == [("model.name=me5_small_cut4", "me5_small"),
+                                                      ("model.name=me5_small", "me5_small_cut4")]
+    with pytest.raises(ValueError, match="matches 2 groups"):  # a label word alone still has to be unique
+        compare([run], [("ft-cut", "name=me5_small")])

@@ -141,6 +141,11 @@ def _pick(found: list[dict], which: str) -> dict:
     (evaluate.py's row name: a checkpoint's folder name, which a recipe label does not show)."""
     if which.isdigit():
         return found[int(which) - 1]
+    # a model's exact name first: a baseline's name (me5_small) is also a word of the labels of recipes that
+    # differ in model.name, and would otherwise match them too
+    named = [g for g in found if any(r["name"] == which for r in g["rows"])]
+    if len(named) == 1:
+        return named[0]
     match = [g for g in found if which in g["label"] or any(r["name"] == which for r in g["rows"])]
     if len(match) != 1:
         raise ValueError(f"--a/--b {which!r} matches {len(match)} groups: {[g['label'] for g in found]}")
