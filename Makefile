@@ -20,7 +20,7 @@ RUNS := $(OUT_ROOT)/train
 COMPARE := $(OUT_ROOT)/compare
 
 .PHONY: setup model run test test-slow bench bench-scale lint clean data evaluate train nano ablation ablation-long \
-	ablation-signals care-study care-experiment care-stage2
+	ablation-signals care-study care-experiment care-stage2 care-claim
 
 # Idempotent: the stamp is newer than pyproject.toml when nothing changed, and the step is skipped.
 setup: .venv/.stamp
@@ -211,7 +211,8 @@ care-study: model
 # and II (run care_me5, 40-75 min on 2 cores by machine), the depth frontier at the study's budget (2, 4, 8 layers, the same
 # recipe), all scored in one evaluation run beside symmetric me5 (a), the untrained cut (b: the care_me5
 # baseline) and make run's model (e), so every latency has (a)'s of the same run; then each row as a % of (a)
-# (care.evaluation.tradeoff -> bench/results/care_me5.json, .md and the plot).  Finished runs are skipped.
+# (care.evaluation.tradeoff -> bench/results/care_me5_depth.json, .md and the plot; care_me5.json is make care-claim's
+# table).  Finished runs are skipped.
 CARE_TABLE := $(OUT_ROOT)/care_table
 care-experiment: model
 	$(PY) -m data_pipeline stage=training
@@ -225,7 +226,7 @@ care-experiment: model
 	for n in 2 4 8; do ln -sfn ../train/care_depth-L$$n/final $(CARE_TABLE)/depth-L$$n; done
 	ln -sfn ../train/$(notdir $(TRAIN_RUN))/final $(CARE_TABLE)/e-symmetric
 	$(PY) evaluate.py ckpt=$(CARE_TABLE) 'baselines=[bm25,me5_small,care_me5]' run_name=care_table
-	$(PY) -m care.evaluation.tradeoff $(EVAL)/care_table --keep-reference --out bench/results/care_me5.json
+	$(PY) -m care.evaluation.tradeoff $(EVAL)/care_table --keep-reference --out bench/results/care_me5_depth.json
 
 # Stage II without trading domains (docs/care.md, "Stage II batches from one rule at a time"): each arm one change to care_me5's stage II,
 # all from care_me5's own stage-I tower (make care-experiment first), scored in one evaluation run beside
@@ -249,6 +250,52 @@ care-stage2: care-experiment
 	$(PY) evaluate.py ckpt=$(CARE_S2) 'baselines=[me5_small]' efficiency.enabled=false run_name=care_stage2
 	$(PY) -m care.evaluation.compare $(EVAL)/care_stage2 --out $(COMPARE)/care_stage2 \
 		$(foreach a,mixed $(CARE_S2_ARMS),--a s2-$(a) --b c-stage1)
+
+# CARE's claim at equal query cost (docs/care.md, "CARE's claim at equal query cost"): care_me5 against symmetric
+# models whose query side costs the same, for each training seed of CLAIM_SEEDS (42: the default runs care_me5 and
+# cpu_default-me5_small_cut4; another seed adds -s<seed>): (f) me5_small_cut4 zero-shot (care_me5's 4-layer query
+# tower on both sides), (g) it fine-tuned as make run fine-tunes me5, (h) care_me5's stage-I query tower on both
+# sides (a tower folder, scored as the evaluation's model=me5_small), CARE after stage I (c), after stage II at 20
+# steps (d20, care_me5's own) and at the fine-tune's 60 (d60, from the same stage-I tower), beside (a) me5_small,
+# (b) the untrained cut with me5's documents (care_me5) and (e) make run's model, in one evaluation run.  Then the
+# table and plot with seed groups (care.evaluation.tradeoff -> bench/results/care_me5.json, .md, _tradeoff.png) and
+# gains with paired intervals (care.evaluation.compare -> bench/results/care_me5_gains.md, .json).  Finished runs
+# are skipped; a fresh clone trains about an hour a seed on 2 cores (stage I most of it).
+CLAIM_SEEDS ?= 42 1 2
+CLAIM_NOTE ?=
+claim_sfx = $(if $(filter 42,$(1)),,-s$(1))
+CARE_CLAIM := $(OUT_ROOT)/care_claim
+# Gain rows (care.evaluation.compare --a / --b): a row's exact name picks its whole seed group (h's tower folders
+# carry no training record, so each h seed is a group of its own: the gains over h are over seed 42's).
+claim_row = $(if $(filter me5_small me5_small_cut4,$(1)),$(1),$(notdir $(CARE_CLAIM))/$(1))
+CLAIM_GAINS := $(foreach p,d60-stage2-s42:me5_small_cut4 d60-stage2-s42:g-cut4-ft-s42 d60-stage2-s42:h-stage1tower-s42 \
+	d60-stage2-s42:me5_small d60-stage2-s42:e-symmetric d60-stage2-s42:d20-stage2-s42 d20-stage2-s42:g-cut4-ft-s42 \
+	d20-stage2-s42:h-stage1tower-s42 c-stage1-s42:h-stage1tower-s42 g-cut4-ft-s42:me5_small_cut4,\
+	--a $(call claim_row,$(word 1,$(subst :, ,$(p)))) --b $(call claim_row,$(word 2,$(subst :, ,$(p)))))
+care-claim: model
+	$(PY) -m data_pipeline stage=training
+	test -d $(TRAIN_RUN)/final || $(PY) train.py
+	$(PY) -m care.tools.build_towers cut $(CARE_CACHE)/models/multilingual-e5-small-q4 \
+		$(CARE_CACHE)/models/multilingual-e5-small-4layers-spread --layers 4 --pick spread
+	$(foreach s,$(CLAIM_SEEDS),test -d $(RUNS)/cpu_default-me5_small_cut4$(call claim_sfx,$(s))/final || $(PY) train.py \
+		model=me5_small_cut4 seed=$(s) run_name=cpu_default-me5_small_cut4$(call claim_sfx,$(s)) || exit 1;$(newline))
+	$(foreach s,$(CLAIM_SEEDS),$(PY) train.py model=care_me5 seed=$(s) run_name=care_me5$(call claim_sfx,$(s)) || exit 1;$(newline)\
+		test -d $(RUNS)/care_me5_s2x60$(call claim_sfx,$(s))/final || $(PY) train.py model=care_me5 model.stage=stage2 \
+		model.stages.stage2.trainer.max_steps=60 model.stages.stage2.query_from=$(RUNS)/care_me5$(call claim_sfx,$(s))/stage1/final/query \
+		seed=$(s) run_name=care_me5_s2x60$(call claim_sfx,$(s)) || exit 1;$(newline))
+	mkdir -p $(CARE_CLAIM)
+	ln -sfn ../train/$(notdir $(TRAIN_RUN))/final $(CARE_CLAIM)/e-symmetric
+	$(foreach s,$(CLAIM_SEEDS),ln -sfn ../train/care_me5$(call claim_sfx,$(s))/stage1/final $(CARE_CLAIM)/c-stage1-s$(s);$(newline)\
+		ln -sfn ../train/care_me5$(call claim_sfx,$(s))/final $(CARE_CLAIM)/d20-stage2-s$(s);$(newline)\
+		ln -sfn ../train/care_me5_s2x60$(call claim_sfx,$(s))/final $(CARE_CLAIM)/d60-stage2-s$(s);$(newline)\
+		ln -sfn ../train/cpu_default-me5_small_cut4$(call claim_sfx,$(s))/final $(CARE_CLAIM)/g-cut4-ft-s$(s);$(newline)\
+		ln -sfn ../train/care_me5$(call claim_sfx,$(s))/stage1/final/query $(CARE_CLAIM)/h-stage1tower-s$(s);$(newline))
+	$(PY) evaluate.py ckpt=$(CARE_CLAIM) model=me5_small 'baselines=[me5_small,care_me5,me5_small_cut4]' run_name=care_claim
+	$(PY) -m care.evaluation.tradeoff $(EVAL)/care_claim --keep-reference --out bench/results/care_me5.json \
+		--note "$(CLAIM_NOTE)"
+	$(PY) -m care.evaluation.compare $(EVAL)/care_claim --out $(COMPARE)/care_claim $(CLAIM_GAINS)
+	cp $(COMPARE)/care_claim/compare.md bench/results/care_me5_gains.md
+	cp $(COMPARE)/care_claim/compare.json bench/results/care_me5_gains.json
 
 # The search stages at 226,000 texts and a cost model to 1M / 10M (docs/scale.md); minutes, not part of
 # `make bench`.  Needs the import stage's text store (built here when missing).
