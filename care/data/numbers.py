@@ -17,3 +17,33 @@ def fmt_interval(interval: dict | None) -> str:
         return ""
     mark = "*" if interval["low"] > 0 or interval["high"] < 0 else ""
     return f"[{interval['low']:+.2f}, {interval['high']:+.2f}]{mark}"
+
+
+def fmt_gain(value, reference=0.0) -> str:
+    """A gain, `value - reference`, signed with 2 decimals (a difference already taken: `fmt_gain(d)`); n/a when
+    either is absent."""
+    return "n/a" if value is None or reference is None else f"{value - reference:+.2f}"
+
+
+#: The efficiency columns of an evaluation table (evaluate.py's report, the model card): (the key in a row's
+#: "efficiency", the column's title, the scale it is shown at, its decimals).
+EFFICIENCY = [("online_parameters", "Online params (M)", 1e-6, 1),
+              ("online_parameters_without_embeddings", "w/o token embeddings (M)", 1e-6, 1),
+              ("query_latency_ms_p50", "Query ms p50", 1, 1), ("query_latency_ms_p95", "Query ms p95", 1, 1),
+              ("docs_per_second", "Docs/s", 1, 0)]
+EFFICIENCY_TITLES = [title for _, title, _, _ in EFFICIENCY]
+
+
+def efficiency_cells(efficiency: dict | None) -> list[str]:
+    """A row's efficiency columns, each at its scale and decimals (n/a where not measured)."""
+    eff = efficiency or {}
+    return [fmt_number(eff[k] * scale if eff.get(k) is not None else None, d) for k, _, scale, d in EFFICIENCY]
+
+
+def gain_rows(label: str, scores: dict, reference: dict, intervals: dict | None, keys: list[str]) -> list[str]:
+    """A gain's Markdown rows in a table of the columns `keys` then the efficiency columns (left empty): `label`
+    and each column's gain over `reference`; then, where any interval was computed, the 95% intervals."""
+    rows = [[label] + [fmt_gain(scores.get(k), reference.get(k)) for k in keys]]
+    if intervals and any(intervals.values()):
+        rows.append(["95% interval of that gain"] + [fmt_interval(intervals.get(k)) for k in keys])
+    return ["| " + " | ".join(cells + [""] * len(EFFICIENCY)) + " |" for cells in rows]

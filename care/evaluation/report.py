@@ -7,16 +7,12 @@ import re
 from pathlib import Path
 
 from care.data.io import atomic_open, read_jsonl, save_figure, validation_metric, write_json
-from care.data.numbers import fmt_interval, fmt_number
+from care.data.numbers import EFFICIENCY_TITLES, efficiency_cells, fmt_number, gain_rows
 from care.evaluation.benchmarks import Benchmark, average_groups
 from care.evaluation.run_folder import relative
 
 METRIC_LABELS = {"ndcg_cut": "nDCG@{}", "map_cut": "MAP@{}", "map_min_r": "MAP(min R)@{}", "mrr": "MRR@{}",
                  "success": "Hit@{}", "recall": "Recall@{}", "acc": "Acc@{}"}
-EFFICIENCY = [("online_parameters", "Online params (M)", 1e-6, 1),
-              ("online_parameters_without_embeddings", "w/o token embeddings (M)", 1e-6, 1),
-              ("query_latency_ms_p50", "Query ms p50", 1, 1), ("query_latency_ms_p95", "Query ms p95", 1, 1),
-              ("docs_per_second", "Docs/s", 1, 0)]
 
 
 def metric_label(name: str) -> str:
@@ -60,10 +56,6 @@ def gains(rows: list[dict], over: str | None = None) -> list[tuple[dict, dict]]:
     return [(r, reference) for r in rows if reference is not None and not r.get("baseline")]
 
 
-def _fmt_delta(value, reference) -> str:
-    return "n/a" if value is None or reference is None else f"{value - reference:+.2f}"
-
-
 def markdown(run: str, benchmarks: list[Benchmark], rows: list[dict], settings: dict) -> str:
     cols = columns(benchmarks)
     lines = [f"# Evaluation `{run}`", ""]
@@ -72,21 +64,15 @@ def markdown(run: str, benchmarks: list[Benchmark], rows: list[dict], settings: 
         lines.append(f"- `{b.name}`: {b.label}" + (f" ({tag})" if b.open_stand_in else ""))
     lines.append("")
     head = ["Model"] + [c["title"] + (" (stand-in)" if _stand_in(benchmarks, c) else "") for c in cols] \
-        + [title for _, title, _, _ in EFFICIENCY]
+        + EFFICIENCY_TITLES
     lines += ["| " + " | ".join(head) + " |", "|" + "|".join(["---"] + ["---:"] * (len(head) - 1)) + "|"]
     for r in rows:
         cells = [r["label"]] + [fmt_number(r["scores"].get(c["key"])) for c in cols]
-        cells += [fmt_number(r["efficiency"].get(k) * scale if r["efficiency"].get(k) is not None else None, d)
-                  for k, _, scale, d in EFFICIENCY]
+        cells += efficiency_cells(r["efficiency"])
         lines.append("| " + " | ".join(cells) + " |")
     for r, ref in gains(rows, settings.get("gain_over")):
-        cells = [f"gain of {r['label']} over {ref['label']}"]
-        cells += [_fmt_delta(r["scores"].get(c["key"]), ref["scores"].get(c["key"])) for c in cols]
-        lines.append("| " + " | ".join(cells + [""] * len(EFFICIENCY)) + " |")
-        intervals = r.get("gain", {}).get("intervals", {})
-        if any(intervals.values()):
-            cells = ["95% interval of that gain"] + [fmt_interval(intervals.get(c["key"])) for c in cols]
-            lines.append("| " + " | ".join(cells + [""] * len(EFFICIENCY)) + " |")
+        lines += gain_rows(f"gain of {r['label']} over {ref['label']}", r["scores"], ref["scores"],
+                           r.get("gain", {}).get("intervals"), [c["key"] for c in cols])
     if any(r.get("gain") for r in rows):
         lines += ["", ("Gain intervals: paired bootstrap over the task's queries (STS: its pairs), 2,000 resamples "
                        "(care/evaluation/significance.py); * = the interval excludes 0, a difference larger than "

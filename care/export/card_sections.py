@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from care.data.numbers import fmt_interval, fmt_number
+from care.data.numbers import EFFICIENCY_TITLES, efficiency_cells, fmt_number, gain_rows
 from care.export.provenance import changed_settings, portable
 from care.families import Family
 
@@ -58,12 +58,6 @@ def summary_row(summary: dict, name: str) -> dict:
     return row
 
 
-EFFICIENCY = [("online_parameters", "Online params (M)", 1e-6, 1),
-              ("online_parameters_without_embeddings", "w/o token embeddings (M)", 1e-6, 1),
-              ("query_latency_ms_p50", "Query ms p50", 1, 1), ("query_latency_ms_p95", "Query ms p95", 1, 1),
-              ("docs_per_second", "Docs/s", 1, 0)]
-
-
 def evaluation_section(summary: dict, row_name: str) -> list[str]:
     """The evaluation table: this model, the baseline rows it was scored beside, its gain row with the
     paired-bootstrap 95% intervals, and the efficiency columns; then the benchmarks' sources."""
@@ -73,7 +67,7 @@ def evaluation_section(summary: dict, row_name: str) -> list[str]:
     stand_in = {c["key"]: benches.get(c.get("benchmark"), {}).get("open_stand_in") for c in cols}
     rows = [row] + [r for r in summary.get("models", []) if r.get("baseline") and r is not row]
     head = ["Model"] + [c["title"] + (" (stand-in)" if stand_in[c["key"]] else "") for c in cols] \
-        + [t for _, t, _, _ in EFFICIENCY]
+        + EFFICIENCY_TITLES
     lines = [(f"Scored by `python evaluate.py ckpt=...` (run `{summary.get('run')}`); scores on a 0-100 scale "
              "(Pearson x 100 for STS), trec_eval conventions; table method "
              f"`{(summary.get('settings') or {}).get('table_method')}`."), ""]
@@ -83,23 +77,17 @@ def evaluation_section(summary: dict, row_name: str) -> list[str]:
         lines.append(f"- `{b['name']}`: {b.get('label')}{tag}")
     lines += ["", "| " + " | ".join(head) + " |", "|" + "|".join(["---"] + ["---:"] * (len(head) - 1)) + "|"]
     for r in rows:
-        eff = r.get("efficiency") or {}
         cells = [("**" + r["label"] + "**") if r is row else r["label"]]
         cells += [fmt_number((r.get("scores") or {}).get(c["key"])) for c in cols]
-        cells += [fmt_number(eff[k] * scale if eff.get(k) is not None else None, d) for k, _, scale, d in EFFICIENCY]
+        cells += efficiency_cells(r.get("efficiency"))
         lines.append("| " + " | ".join(cells) + " |")
     gain = row.get("gain") or {}
     ref = next((r for r in summary.get("models", []) if r.get("name") == gain.get("over")), None)
     if ref is not None:
-        cells = [f"gain over {ref['label']}"]
-        for c in cols:
-            a, b = row["scores"].get(c["key"]), ref["scores"].get(c["key"])
-            cells.append("n/a" if a is None or b is None else f"{a - b:+.2f}")
-        lines.append("| " + " | ".join(cells + [""] * len(EFFICIENCY)) + " |")
-        intervals = gain.get("intervals") or {}
-        if any(intervals.values()):
-            cells = ["95% interval of that gain"] + [fmt_interval(intervals.get(c["key"])) for c in cols]
-            lines.append("| " + " | ".join(cells + [""] * len(EFFICIENCY)) + " |")
+        gain_lines = gain_rows(f"gain over {ref['label']}", row["scores"], ref["scores"], gain.get("intervals"),
+                               [c["key"] for c in cols])
+        lines += gain_lines
+        if len(gain_lines) > 1:  # an interval row
             lines += ["", ("Gain intervals: paired bootstrap over the task's queries (STS: its pairs); * = the "
                           "interval excludes 0.  A training run's seed adds noise of its own.")]
     lines.append("")
