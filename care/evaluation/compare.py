@@ -27,7 +27,7 @@ import numpy as np
 
 from care.config import recipe, recipe_group
 from care.data.io import DataError, atomic_open, read_json, save_figure, write_json
-from care.data.numbers import fmt_gain, fmt_interval
+from care.data.numbers import fmt_interval
 from care.encoders.registry import TRAINING_RECORD
 from care.errors import app_errors
 from care.evaluation.significance import cell_items, gain_interval
@@ -195,7 +195,7 @@ def markdown(result: dict) -> str:
         cells = []
         for c in cols:
             i = gain["intervals"].get(c)
-            cells.append("" if not i else f"{fmt_gain(i['difference'])} {fmt_interval(i)}")
+            cells.append("" if not i else f"{i['difference']:+.2f} {fmt_interval(i)}")
         lines.append("| " + " | ".join([f"gain of {gain['of']} over {gain['over']}", "pooled", *cells]) + " |")
     if result["gains"]:
         lines += ["", ("Mean ± sd over each group's runs (seeds). Gain: paired bootstrap over the queries (STS: "
