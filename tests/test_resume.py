@@ -192,3 +192,57 @@ def test_two_processes_equal_one_process(tmp_path, shared):
     assert one["embeddings.LayerNorm.weight"].dtype == torch.float64  # it did train in float64
     assert max((two[k] - one[k]).abs().max().item() for k in one) < 1e-10
     assert max((one[k] - start[k]).abs().max().item() for k in start) > 1e-4  # it did train
+
+
+# ---- a run that diverges -------------------------------------------------------------------------------------
+
+def test_a_diverging_run_stops_at_its_first_nan_step_without_a_final_model(setup):
+    """trainer.lr=1e12: step 1 is warmup (lr 0), step 2 throws the weights far out, step 3's loss and gradient
+    are NaN.  The run stops at step 3 in one line naming it (a FloatingPointError: train.py's error edge prints
+    it and exits 1), takes no optimizer step with the NaN gradient, writes no checkpoint of step 3 and no
+    final/, keeps the step-2 checkpoint (finite weights) and records stop_reason 'diverged' in metrics.jsonl."""
+    from care.errors import describe
+    from care.training.trainer import Diverged
+
+    root, cfg, _ = setup
+    with pytest.raises(Diverged, match=r"^training diverged at step 3: loss = nan, grad_norm = nan; stopped "
+                                       r"without a final model and the last checkpoint, .*step-0000002, is kept"
+                       ) as caught:
+        Trainer(cfg("diverged", "trainer.lr=1e12")).fit()
+    assert describe(caught.value) == str(caught.value) and "\n" not in str(caught.value)
+    run = root / "diverged"
+    assert not (run / "final").exists() and not (run / "tuned").exists()
+    assert [p.name for p in (run / "checkpoints").iterdir()] == ["step-0000002"]
+    state = torch.load(run / "checkpoints/step-0000002/state.pt", weights_only=True)
+    assert all(bool(v.isfinite().all()) for v in state["model"].values() if v.is_floating_point())
+    rows = list(read_jsonl(run / "metrics.jsonl"))
+    assert rows[-1] == {"step": 3, "stop_reason": "diverged", "non_finite": "loss = nan, grad_norm = nan"}
+    assert [r["step"] for r in rows if "loss/loss" in r] == [1, 2, 3]
+    # the same command again resumes from step 2 and stops at the same step, the checkpoint still kept
+    with pytest.raises(Diverged, match="at step 3"):
+        Trainer(cfg("diverged", "trainer.lr=1e12")).fit()
+    assert not (run / "final").exists() and (run / "checkpoints/step-0000002").is_dir()
+
+
+@pytest.mark.parametrize("crash", [2, 6])
+def test_resuming_a_nan_checkpoint_unverified_is_stopped_as_diverged(setup, crash):
+    """A checkpoint without a manifest whose weights are NaN, resumed with trainer.resume_unverified=true,
+    mid-run (step 2 of 6) or at the last step (which went straight to final/): stopped in one line naming
+    the checkpoint, no final/ written."""
+    from care.training.trainer import Diverged
+
+    root, cfg, _ = setup
+    name = f"nan-resume-{crash}"
+    with pytest.raises(Crash):
+        Trainer(cfg(name, "trainer.merge_with_start=0.5"), callbacks=[crash_after(crash)]).fit()
+    folder = root / name / "checkpoints" / f"step-{crash:07d}"
+    state = torch.load(folder / "state.pt", weights_only=True)
+    state["model"] = {k: torch.full_like(v, float("nan")) if v.is_floating_point() else v
+                      for k, v in state["model"].items()}
+    torch.save(state, folder / "state.pt")
+    (folder / "manifest.json").unlink()
+    with pytest.raises(Diverged, match=rf"diverged at step {crash}: the weights of the resumed checkpoint "
+                                       rf"step-{crash:07d} hold NaN or infinite values"):
+        Trainer(cfg(name, "trainer.merge_with_start=0.5", "trainer.resume_unverified=true")).fit()
+    assert not (root / name / "final").exists() and not (root / name / "tuned").exists()
+    assert list(read_jsonl(root / name / "metrics.jsonl"))[-1]["stop_reason"] == "diverged"

@@ -43,7 +43,21 @@ from care.training.runlog import RunLog, memory_mb, wandb_mode
 from care.training.samplers import build_sampler
 from care.training.validation import EarlyStopping, Validator
 
-__all__ = ["AlreadyFinished", "ResumeError", "Trainer"]
+__all__ = ["AlreadyFinished", "Diverged", "ResumeError", "Trainer"]
+
+
+class Diverged(FloatingPointError):
+    """A step's loss or gradient norm, or the weights to be saved, are NaN or infinite: the run stops there
+    without a final model (train.py: one line, exit status 1), its last checkpoint before the step kept."""
+
+
+def first_non_finite(models: Sequence[torch.nn.Module]) -> str | None:
+    """The name of the first weight holding a NaN or an infinity, None when every weight is finite."""
+    for model in models:
+        for name, weight in model.named_parameters():
+            if not bool(torch.isfinite(weight).all()):
+                return name
+    return None
 
 
 def build_loss(loss_cfg: DictConfig, group_size: int):
@@ -128,6 +142,7 @@ class Trainer:
         self.stopper = EarlyStopping(v.patience, v.min_delta) if v.task else None
         self.step = self.epoch = self.batch_in_epoch = 0
         self.stop_reason = ""
+        self.non_finite = ""  # what a diverged step found non-finite (optimizer_step)
         self.provenance: dict | None = None  # base models and data lineage, read once (model_saving.training_record)
         start = self.folder.resume_point(t.resume, t.get("resume_unverified", False))
         if start is not None:
@@ -146,6 +161,7 @@ class Trainer:
     # ---- checkpoints -------------------------------------------------------------------------------------
     def save_checkpoint(self) -> Path:
         models = self.unwrapped()
+        self.check_finite(models, "checkpoint")
         state = {"model": trained_state(models[0]), "optimizer": self.optimizer.state_dict(),
                  "scheduler": self.scheduler.state_dict(), "epoch": self.epoch,
                  "batch_in_epoch": self.batch_in_epoch,
@@ -167,6 +183,27 @@ class Trainer:
         if self.stopper:
             self.stopper.load_state_dict(state["early_stopping"])
         self.log_rows.keep_until(self.step)  # rows past the checkpoint will be recomputed
+        self.check_finite(models, f"resumed checkpoint {folder.name}")
+
+    # ---- divergence ----------------------------------------------------------------------------------------
+    def check_finite(self, models: list[torch.nn.Module], what: str) -> None:
+        """Weights about to be saved or trained on hold no NaN or infinity (a state no finite step leads to,
+        e.g. a checkpoint resumed with trainer.resume_unverified=true), else the run stops as diverged."""
+        name = first_non_finite(models)
+        if name is not None:
+            self.diverge(f"the weights of the {what} hold NaN or infinite values ({name})")
+
+    def diverge(self, found: str) -> None:
+        """Record the stop (stop_reason 'diverged' in metrics.jsonl, where the run logs) and end the run
+        without a final model: nothing non-finite is saved, so the checkpoints written so far stay."""
+        self.stop_reason = "diverged"
+        self.log_rows.log(self.step, {"stop_reason": self.stop_reason, "non_finite": found})
+        kept = self.folder.checkpoints()
+        last = (f"the last checkpoint, {kept[-1]}, is kept" if kept
+                else "no checkpoint was written before it")
+        raise Diverged(f"training diverged at step {self.step}: {found}; stopped without a final model and "
+                       f"{last}. Lower trainer.lr (or raise trainer.warmup_ratio, lower trainer.max_grad_norm) "
+                       f"and train again with overwrite=true or another run_name=")
 
     # ---- the loop ----------------------------------------------------------------------------------------
     def _tokenize(self, texts: list[str], sides: list[str], max_length: int) -> dict:
@@ -202,10 +239,32 @@ class Trainer:
         grad_norm = self.accelerator.clip_grad_norm_([p for m in self.towers for p in m.parameters()],
                                                      t.max_grad_norm)
         lr = self.scheduler.get_last_lr()[0]  # the rate this step uses
+        row = {**{f"loss/{k}": float(v) for k, v in losses.items()}, "grad_norm": float(grad_norm), "lr": lr}
+        self.non_finite = self.non_finite_in(row)
+        if self.non_finite:  # a NaN step would make every weight NaN: not taken (fit stops the run)
+            self.optimizer.zero_grad(set_to_none=True)
+            return row
         self.optimizer.step()
         self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
-        return {**{f"loss/{k}": float(v) for k, v in losses.items()}, "grad_norm": float(grad_norm), "lr": lr}
+        return row
+
+    def non_finite_in(self, row: dict) -> str:
+        """The step's non-finite losses and gradient norm ('' when finite), agreed by every process.  Under
+        fp16 an infinite gradient is the GradScaler's to skip (it lowers the scale), so only the losses count
+        there; a NaN that reaches the weights is still caught before they are saved (check_finite)."""
+        names = [k for k in row if k.startswith("loss/")]
+        if self.cfg.trainer.mixed_precision != "fp16":
+            names.append("grad_norm")
+        bad = [k for k in names if not math.isfinite(row[k])]
+        if "loss/loss" in bad:  # the total: its terms add nothing to the message
+            bad = [k for k in bad if k == "loss/loss" or not k.startswith("loss/")]
+        found = ", ".join(f"{k.removeprefix('loss/')} = {row[k]}" for k in bad)
+        if self.accelerator.num_processes > 1:  # one process's NaN stops them all at the same step
+            flag = torch.tensor(float(bool(found)), device=self.accelerator.device)
+            if float(self.accelerator.reduce(flag, reduction="sum")) > 0:
+                found = found or "a non-finite loss or gradient on another process"
+        return found
 
     @release_lock_after
     def fit(self, end_training: bool = True) -> dict:
@@ -226,6 +285,10 @@ class Trainer:
                 row = self.train_step(batch)
                 self.step += 1
                 self.batch_in_epoch += 1
+                if self.non_finite:
+                    bar.close()
+                    self.log_rows.log(self.step, row)
+                    self.diverge(self.non_finite)
                 elapsed, tick = time.perf_counter() - tick, time.perf_counter()
                 if self.step % t.log_every == 0 or self.step == self.total_steps:
                     self.log_rows.log(self.step, {**row, "epoch": self.epoch, "step_seconds": elapsed,
@@ -255,6 +318,7 @@ class Trainer:
         if self.stopper:
             summary.update(best_metric=self.stopper.best, best_step=self.stopper.best_step)
         if self.stop_reason != "max_steps_this_session":  # a paused run has no final model yet
+            self.check_finite(self.unwrapped(), "final model")
             summary["final"] = str(save_final(self))
             if acc.is_main_process:
                 self.log_rows.plot(self.cfg.validation.metric if self.stopper else None)
