@@ -17,7 +17,7 @@ import numpy as np
 from care.encoders import Embeddings, Encoder
 from care.encoders.cache import EmbeddingCache, embed
 from care.encoders.scores import colbert_score, lexical_score
-from care.retrieval.index import flat_index, sparse_matrix, top_k
+from care.retrieval.index import flat_index, sparse_matrix, top_k, unit_rows
 
 
 class EncodedPair:
@@ -115,8 +115,8 @@ class EncoderScorer:
         `cosine` re-normalises dense vectors (STS compares directions, whatever the model's norms)."""
         q, d = self.embed(queries, "query", task), self.embed(docs, doc_side, task)
         if cosine:
-            q = Embeddings(_unit(q.dense), q.sparse, q.colbert)
-            d = Embeddings(_unit(d.dense), d.sparse, d.colbert)
+            q = Embeddings(unit_rows(q.dense), q.sparse, q.colbert)
+            d = Embeddings(unit_rows(d.dense), d.sparse, d.colbert)
         return EncodedPair(q, d, self.methods, self.hybrid_weights, self.rerank_depth)
 
     # efficiency.py's hooks: raw encoding, no cache
@@ -129,7 +129,3 @@ class EncoderScorer:
         start = time.perf_counter()
         self.encoder.encode_queries([text], batch_size=1, heads=("dense",))
         return time.perf_counter() - start
-
-
-def _unit(x: np.ndarray) -> np.ndarray:
-    return x / np.maximum(np.linalg.norm(x, axis=1, keepdims=True), 1e-12)
