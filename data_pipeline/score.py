@@ -20,8 +20,6 @@ Writes {out_dir}/
 """
 from __future__ import annotations
 
-import os
-import shutil
 import time
 from pathlib import Path
 
@@ -29,7 +27,7 @@ import numpy as np
 from omegaconf import DictConfig, OmegaConf
 
 from care.data.examples import read_example_rows, write_examples
-from care.data.io import read_text_store, save_figure
+from care.data.io import link_or_copy, read_text_store, save_figure
 from care.data.stage_cache import fingerprint
 from care.data.stage_start import stage_start
 from data_pipeline.build import export_flag
@@ -105,18 +103,6 @@ def plot_histogram(path: Path, pos: list[float], neg: list[float], title: str, s
     ax.legend(fontsize=8, loc="upper left")
     fig.subplots_adjust(left=0.09, right=0.98, top=0.88, bottom=0.12)
     save_figure(fig, path, dpi=110)
-
-
-def link_or_copy(src: Path, dst: Path) -> None:
-    """`dst` as a hard link to `src` (a copy on another filesystem), swapped in by a rename: safe because every
-    writer here replaces files rather than rewriting them (care/data/io.py link_or_copy_tree)."""
-    tmp = dst.with_name(f".{dst.name}.{os.getpid()}.tmp")
-    tmp.unlink(missing_ok=True)
-    try:
-        os.link(src, tmp)
-    except OSError:
-        shutil.copyfile(src, tmp)
-    os.replace(tmp, dst)
 
 
 def run(cfg: DictConfig) -> dict:

@@ -76,10 +76,24 @@ def atomic_folder(path: str | Path, keep=None):
         raise
 
 
+def link_or_copy(src: str | Path, dst: str | Path) -> Path:
+    """`dst` as a hard link to the file `src` (no extra disk), a copy where a link cannot be made (another
+    filesystem), swapped in by a rename (an existing `dst` is replaced whole).  Safe because nothing here
+    rewrites a file in place: every writer replaces files by renaming (atomic_open), which unlinks rather than
+    modifies a shared inode."""
+    src, dst = Path(src), Path(dst)
+    tmp = dst.with_name(f".{dst.name}.{os.getpid()}.tmp")
+    tmp.unlink(missing_ok=True)
+    try:
+        os.link(src, tmp)
+    except OSError:
+        shutil.copy2(src, tmp)
+    os.replace(tmp, dst)
+    return dst
+
+
 def link_or_copy_tree(src: str | Path, dst: str | Path, skip: frozenset[str] = frozenset()) -> Path:
-    """`src`'s files under `dst` as hard links (no extra disk: a 4B-parameter tower costs its 8 GB once), copied
-    where a link cannot be made (another filesystem).  Safe because nothing here rewrites a file in place:
-    every writer replaces files by renaming (atomic_open), which unlinks rather than modifies a shared inode.
+    """`src`'s files under `dst`, each by link_or_copy (no extra disk: a 4B-parameter tower costs its 8 GB once).
     Top-level names in `skip` are left out."""
     src, dst = Path(src), Path(dst)
     for path in sorted(src.rglob("*")):
@@ -91,10 +105,7 @@ def link_or_copy_tree(src: str | Path, dst: str | Path, skip: frozenset[str] = f
             target.mkdir(parents=True, exist_ok=True)
             continue
         target.parent.mkdir(parents=True, exist_ok=True)
-        try:
-            os.link(path, target)
-        except OSError:
-            shutil.copy2(path, target)
+        link_or_copy(path, target)
     return dst
 
 
