@@ -35,14 +35,14 @@ def numpy_pairs(sh: ShingleIds, n_left: int | None, threshold: float, num_perm: 
                 seed: int, show_progress: bool, desc: str) -> MinHashResult:
     """Verified pairs of the texts in `sh`: n_left=None is the self-join (i < j); else the first n_left
     texts are the left list and the rest the right one, and right positions count from 0."""
-    sig = _signature_matrix(sh, num_perm, seed, bands * rows, show_progress, desc)
+    sig = signature_matrix(sh, num_perm, seed, bands * rows, show_progress, desc)
     i, j = _candidates(sig, bands, rows, n_left)
-    sims = _exact_jaccard(sh, i, j if n_left is None else j + n_left)
+    sims = exact_jaccard(sh, i, j if n_left is None else j + n_left)
     ok = sims >= threshold
     return MinHashResult(i[ok], j[ok], sims[ok], len(i), bands, rows)
 
 
-def _signature_matrix(sh: ShingleIds, num_perm: int = 128, seed: int = SEED, perms: int | None = None,
+def signature_matrix(sh: ShingleIds, num_perm: int = 128, seed: int = SEED, perms: int | None = None,
                       show_progress: bool = False, desc: str = "minhash") -> np.ndarray:
     """(perms, texts) uint32: row k is datasketch's hashvalues[k] of every text, the values
     `signatures(...)` (MinHash.generator) gives, computed with datasketch's own pre-mix and permutations
@@ -76,7 +76,7 @@ def _signature_matrix(sh: ShingleIds, num_perm: int = 128, seed: int = SEED, per
 
 def _band_key(band: np.ndarray) -> np.ndarray:
     """A 64-bit digest of each column of a band's (rows, texts) values: only a sort key; equal digests are
-    checked for equal values (`_band_groups`)."""
+    checked for equal values (`band_groups`)."""
     key = np.zeros(band.shape[1], dtype=np.uint64)
     for row in band:
         key ^= row
@@ -95,7 +95,7 @@ def _sorted_groups(key: np.ndarray, side: np.ndarray | None) -> tuple[np.ndarray
     return order, ordered[1:] == ordered[:-1]
 
 
-def _band_groups(band: np.ndarray, n_left: int | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def band_groups(band: np.ndarray, n_left: int | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Texts whose band values are all equal, as (order, starts, sizes): group g is
     order[starts[g]:starts[g] + sizes[g]], groups of two or more only; with n_left, a group's left columns
     (< n_left) come before its right ones.  Sorting by `_band_key` then comparing neighbours' values is
@@ -114,6 +114,14 @@ def _band_groups(band: np.ndarray, n_left: int | None = None) -> tuple[np.ndarra
     return order, starts[keep], sizes[keep]
 
 
+def group_pairs(order: np.ndarray, starts: np.ndarray, sizes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Every pair within each group of `band_groups` (each member with the members after it), as columns;
+    also the datatrove engine's bucket step (data_pipeline/distributed/dedup_steps.py)."""
+    pos = concat_ranges(starts, sizes)
+    later = np.repeat(starts + sizes, sizes) - pos - 1
+    return np.repeat(order[pos], later), order[concat_ranges(pos + 1, later)]
+
+
 def _candidates(sig: np.ndarray, bands: int, rows: int, n_left: int | None) -> tuple[np.ndarray, np.ndarray]:
     """Pairs sharing at least one band, each once, sorted.  n_left=None: a self-join over all columns of
     sig (i < j); else columns [0, n_left) are the left list and the rest the right: (left, right) pairs
@@ -124,15 +132,11 @@ def _candidates(sig: np.ndarray, bands: int, rows: int, n_left: int | None) -> t
         return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
     codes = np.zeros(0, dtype=np.int64)   # candidate pairs as i * n_right + j
     for band in range(bands):
-        order, starts, sizes = _band_groups(sig[band * rows:(band + 1) * rows], n_left)
+        order, starts, sizes = band_groups(sig[band * rows:(band + 1) * rows], n_left)
         if not len(starts):
             continue
         if n_left is None:
-            # each member pairs with the members after it in its group
-            pos = concat_ranges(starts, sizes)
-            later = np.repeat(starts + sizes, sizes) - pos - 1
-            a = np.repeat(order[pos], later)
-            b = order[concat_ranges(pos + 1, later)]
+            a, b = group_pairs(order, starts, sizes)
             i, j = np.minimum(a, b), np.maximum(a, b)
         else:
             # left columns come first in each group: each right member pairs with them
@@ -148,7 +152,7 @@ def _candidates(sig: np.ndarray, bands: int, rows: int, n_left: int | None) -> t
     return codes // n_right, codes % n_right
 
 
-def _exact_jaccard(sh: ShingleIds, i: np.ndarray, j: np.ndarray) -> np.ndarray:
+def exact_jaccard(sh: ShingleIds, i: np.ndarray, j: np.ndarray) -> np.ndarray:
     """Exact Jaccard of the id sets of texts i[k] and j[k] (positions in sh): the candidates' texts'
     distinct ids sorted once, then |A & B| by binary search of A's (pair, id) keys among B's.  Equal to
     `jaccard` on the strings: ids are exact and the division is the same float64 division."""

@@ -15,6 +15,7 @@ Each stage passes its survivors on in input order, and every cluster keeps its e
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -24,6 +25,7 @@ from care.data import stage_cache
 from care.data.io import DataError, file_digest, read_text_rows, save_figure, write_jsonl
 from care.data.stage_start import stage_start
 from care.encoders.prompts import legacy_keyed
+from care.families import require
 from care.models.hub import weights_digest
 from data_pipeline.dedup.clusters import Cluster, clusters_from_edges, survivors
 from data_pipeline.dedup.exact import exact_clusters
@@ -32,6 +34,9 @@ from data_pipeline.dedup.minhash_reference import jaccard, shingles
 from data_pipeline.dedup.normalize import Normalizer
 
 STAGES = ("exact", "minhash", "semantic")
+ENGINES = ("native", "datatrove")   # dedup.engine: data_pipeline/distributed/dedup_engine.py runs the second
+# the dedup keys that choose how the stage runs, not what it computes (kept out of the fingerprint)
+ENGINE_KEYS = ("engine", "executor", "tasks", "workers", "local", "slurm", "ray", "work_dir", "keep_work")
 OUTPUTS = ("kept.jsonl", "clusters.jsonl", "nn_similarity.png", "stats.json")
 AUTO = "auto"
 
@@ -101,23 +106,29 @@ def row_filters(cfg: DictConfig) -> tuple[list[str] | None, list[str] | None]:
     return chosen[0], chosen[1]
 
 
-def load_rows(path: Path, roles, sources) -> tuple[list[dict], dict]:
-    """Rows of the text store that pass the role/source filters; duplicate ids and empty texts are
-    errors (care.data.io.read_text_rows: a store whose ids repeat cannot say which text a cluster kept)."""
-    rows, read, dropped = [], 0, 0
+def filtered_rows(path: Path, roles, sources, counts: dict) -> Iterator[tuple[int, dict]]:
+    """(line number, row) of the rows of the text store that pass the role/source filters, in file order;
+    duplicate ids and empty texts are errors (care.data.io.read_text_rows: a store whose ids repeat cannot
+    say which text a cluster kept).  `counts` gets rows_read and rows_filtered_out."""
+    counts.update(rows_read=0, rows_filtered_out=0)
     wanted = {"role": set(roles) if roles else None, "source": set(sources) if sources else None}
     for lineno, row in read_text_rows(path):
-        read += 1
+        counts["rows_read"] += 1
         for field, allowed in wanted.items():
             if allowed is not None and field not in row:
                 raise DataError(path, lineno, field, f"missing, but dedup.{field}s filters on it "
                                 f"(pass dedup.{field}s=null to take every row)")
         if all(allowed is None or row[field] in allowed for field, allowed in wanted.items()):
-            rows.append(row)
+            yield lineno, row
         else:
-            dropped += 1
-    return rows, {"rows_read": read, "rows_filtered_out": dropped,
-                  "roles": list(roles) if roles else None, "sources": list(sources) if sources else None}
+            counts["rows_filtered_out"] += 1
+
+
+def load_rows(path: Path, roles, sources) -> tuple[list[dict], dict]:
+    """The rows `filtered_rows` keeps, and what was read and filtered out."""
+    counts: dict = {}
+    rows = [row for _, row in filtered_rows(path, roles, sources, counts)]
+    return rows, {**counts, "roles": list(roles) if roles else None, "sources": list(sources) if sources else None}
 
 
 def _cluster_lines(stage: str, clusters: list[Cluster], ids: list[str], sim_to_kept) -> list[dict]:
@@ -163,11 +174,17 @@ def run(cfg: DictConfig) -> dict:
     src = Path(cfg.get("input") or Path(cfg.data_dir) / "import" / "texts.jsonl")
     out = Path(cfg.get("out") or Path(cfg.data_dir) / "dedup")
     semantic = "semantic" in order
+    if semantic:  # dense vectors, keyed by one weights folder
+        require(cfg.model, "the dedup stage's semantic step", one_backbone=True)
     thresholds = semantic_thresholds(cfg) if semantic else None  # refuse before any work
 
     roles, sources = row_filters(cfg)
-    fp_config = {"dedup": OmegaConf.to_container(d, resolve=True), "input": str(src),
-                 "filters": {"roles": roles, "sources": sources}}
+    if d.get("engine", "native") not in ENGINES:
+        raise ValueError(f"dedup.engine={d.get('engine')!r}: choose from {list(ENGINES)}")
+    # how the stage runs (engine, executor, tasks) is not what it computes: either engine's folder is up to
+    # date for the other, and the fingerprint is the one written before the engines existed
+    what = {k: v for k, v in OmegaConf.to_container(d, resolve=True).items() if k not in ENGINE_KEYS}
+    fp_config = {"dedup": what, "input": str(src), "filters": {"roles": roles, "sources": sources}}
     if semantic:
         fp_config["model"] = legacy_keyed(OmegaConf.to_container(cfg.model, resolve=True))  # fingerprints predating `prompts:`
         fp_config["weights"] = weights_digest(cfg.model.path)
@@ -182,17 +199,26 @@ def run(cfg: DictConfig) -> dict:
     return stats
 
 
+def stats_header(src: Path, out: Path, fp: str, read_stats: dict, order: list[str]) -> dict:
+    """stats.json's first keys, the same for both engines."""
+    return {"stage": "dedup", "input": str(src), "input_digest": file_digest(src), "output": str(out),
+            "fingerprint": fp, **read_stats, "stage_order": order, "stages": {}}
+
+
 def _dedup(cfg: DictConfig, src: Path, fp: str, thresholds: dict | None, filters, start) -> dict:
     """The stages of dedup.stages in order over the filtered rows; the outputs and stats.json (last)."""
     d, out, order = cfg.dedup, start.out, list(cfg.dedup.stages)
+    if d.get("engine", "native") == "datatrove":
+        from data_pipeline.distributed.dedup_engine import datatrove_dedup
+
+        return datatrove_dedup(cfg, src, fp, thresholds, filters, start)
     semantic = "semantic" in order
     rows, read_stats = load_rows(src, *filters)
     ids, texts = [r["id"] for r in rows], [r["text"] for r in rows]
     normalise = Normalizer(**d.normalize)
     normalised = [normalise(t) for t in texts]
     alive = np.arange(len(rows))  # positions (in rows) still in play
-    stats: dict = {"stage": "dedup", "input": str(src), "input_digest": file_digest(src), "output": str(out),
-                   "fingerprint": fp, **read_stats, "stage_order": order, "stages": {}}
+    stats = stats_header(src, out, fp, read_stats, order)
     cluster_lines: list[dict] = []
     start.writing()  # the semantic stage writes its histogram mid-way
 

@@ -2,14 +2,14 @@
 
 A config section (conf/dedup/default.yaml's `dedup` is one) names the executor with these keys:
   executor   local | slurm | ray
-  workers    tasks run at once (-1: all of them; local: processes on this machine)
-  local      {start_method}: the process start method of datatrove's pool (forkserver re-imports
-             __main__: a script without a main guard hangs)
+  workers    tasks run at once (-1: local, one per CPU of this machine; Slurm and Ray, no limit)
+  local      {start_method}: how datatrove's pool starts its workers: fork (the default here) or
+             datatrove's forkserver, which re-imports __main__ in every pool (~5 s a step for the pipeline's
+             app, measured; a script without a main guard hangs)
   slurm      the keys `hydra/launcher=slurm` uses for training (conf/hydra/launcher/slurm.yaml):
              partition, account, qos, cpus_per_task, mem_gb, timeout_min (Slurm's --time), setup (lines run
-             before the task), additional_parameters (any other sbatch option), plus poll_s (how often the
-             submitting process checks the tasks) and wait (false: submit and return; the same command later
-             collects the result, finished tasks skipped)
+             before the task), additional_parameters (any other sbatch option), plus poll_s: how often the
+             submitting process, which waits for the jobs as hydra-submitit does, checks on them
   ray        address (null: a local Ray started here), cpus_per_task, mem_gb
 
 `make_executor` builds one datatrove executor for one step; `run_steps` runs a stage's steps in order and
@@ -22,6 +22,7 @@ leaves `completions/<rank>` in its step's logging folder and is skipped when the
 from __future__ import annotations
 
 import math
+import os
 import shutil
 import subprocess
 import sys
@@ -83,7 +84,9 @@ def make_executor(executor_cfg, pipeline: Sequence, logging_dir: str | Path, tas
     if int(tasks) < 1:
         raise ValueError(f"{job_name}: tasks={tasks}: at least one task")
     workers = int(executor_cfg.get("workers", -1) if executor_cfg is not None else -1)
-    workers = tasks if workers < 1 else min(workers, tasks)
+    if workers < 1:   # unset: locally one task per CPU (not one process per task), elsewhere the scheduler's
+        workers = min(tasks, os.cpu_count() or 1) if kind == "local" else tasks
+    workers = min(workers, tasks)
     logging_dir = str(Path(logging_dir).resolve())
     if depends is not None and kind != "slurm":
         raise ValueError(f"{job_name}: depends= on the {kind} executor polls for ever on a dependency that "
@@ -91,7 +94,7 @@ def make_executor(executor_cfg, pipeline: Sequence, logging_dir: str | Path, tas
     if kind == "local":
         local = _section(executor_cfg, "local")
         return LocalPipelineExecutor(list(pipeline), tasks=tasks, workers=workers, logging_dir=logging_dir,
-                                     start_method=str(local.get("start_method", "forkserver")))
+                                     start_method=str(local.get("start_method", "fork")))
     if kind == "ray":
         try:
             import ray  # noqa: F401
@@ -126,13 +129,13 @@ def _check_done(executor, name: str) -> None:
                           f"their logs: {executor.logging_dir.path}/logs; the same command re-runs only them")
 
 
-def run_steps(executor_cfg, steps: Sequence[tuple[str, object]]) -> bool:
-    """Run (name, executor) steps in order; returns True when all finished, False when submitted to Slurm
-    with slurm.wait=false (the same command later collects them).  Raises TasksFailed naming the step and
-    ranks that did not finish; finished tasks are never re-run."""
+def run_steps(executor_cfg, steps: Sequence[tuple[str, object]]) -> None:
+    """Run (name, executor) steps in order, each after every task of the one before finished.  Raises
+    TasksFailed naming the step and ranks that did not finish; finished tasks are never re-run."""
     kind = executor_kind(executor_cfg)
     if kind == "slurm":
-        return _run_slurm(_section(executor_cfg, "slurm"), steps)
+        _run_slurm(_section(executor_cfg, "slurm"), steps)
+        return
     if kind == "ray":
         import ray
 
@@ -143,7 +146,6 @@ def run_steps(executor_cfg, steps: Sequence[tuple[str, object]]) -> bool:
     for name, executor in steps:
         executor.run()
         _check_done(executor, name)
-    return True
 
 
 def _squeue(job_ids: list[str]) -> dict[str, str]:
@@ -160,21 +162,20 @@ def _squeue(job_ids: list[str]) -> dict[str, str]:
     return queued
 
 
-def _run_slurm(s: Mapping, steps: Sequence[tuple[str, object]]) -> bool:
+def _run_slurm(s: Mapping, steps: Sequence[tuple[str, object]]) -> None:
     """Submit every step at once, each held by Slurm until the one before succeeded (afterok: a failed task
-    stops its dependants), then wait until all tasks finished or nothing is left to run."""
+    stops its dependants), then wait until all tasks finished or nothing is left to run.  Stopping this
+    process does not stop the jobs: wait for them (squeue) before running the same command again."""
     previous = None
     for _, executor in steps:
         executor.depends = previous
         executor.run()   # sbatch; an executor whose tasks all finished earlier submits nothing (job_id -1)
         previous = executor
-    if not s.get("wait", True):
-        return False
     poll = float(s.get("poll_s", 30))
     ids = [str(e.job_id) for _, e in steps if e.job_id not in (None, -1)]
     while True:
         if all(not e.get_incomplete_ranks(skip_completed=True) for _, e in steps):
-            return True
+            return
         queued = _squeue(ids) if ids else {}
         if queued and all(r == "DependencyNeverSatisfied" for r in queued.values()):
             subprocess.run(["scancel", *queued], check=False)   # held for ever behind a failed task
@@ -182,5 +183,5 @@ def _run_slurm(s: Mapping, steps: Sequence[tuple[str, object]]) -> bool:
         if not queued:
             for name, e in steps:
                 _check_done(e, name)
-            return True
+            return
         time.sleep(poll)
