@@ -11,10 +11,14 @@ export PYTHONUNBUFFERED := 1
 # `make run OUT_ROOT=DIR CACHE_ROOT=DIR2`.  Exported, so every app follows them (the Hydra apps' out_root and
 # cache_root, compare, the study, tradeoff, build_me5, bench), and every path below is built from them: a
 # target never trains into one root and then evaluates another.
+# A root may hold spaces or any character (`make run OUT_ROOT="/d/数据 out"`): it is made absolute without make's
+# word functions (abspath would split it in two), and every recipe quotes each path as one shell word ("...")
+# and each path in a Hydra override as Hydra's quoted value ("ckpt='...'"; README "Where outputs and caches go").
 OUT_ROOT := $(or $(OUT_ROOT),$(CARE_OUTPUTS),outputs)
 CACHE_ROOT := $(or $(CACHE_ROOT),$(CARE_CACHE),.cache)
-export CARE_OUTPUTS := $(abspath $(OUT_ROOT))
-export CARE_CACHE := $(abspath $(CACHE_ROOT))
+absolute = $(if $(filter /%,$(firstword $(1))),$(1),$(CURDIR)/$(1))
+export CARE_OUTPUTS := $(call absolute,$(OUT_ROOT))
+export CARE_CACHE := $(call absolute,$(CACHE_ROOT))
 EVAL := $(OUT_ROOT)/eval
 RUNS := $(OUT_ROOT)/train
 COMPARE := $(OUT_ROOT)/compare
@@ -59,11 +63,12 @@ nano: model
 # The main job, end to end on the shared data: the data pipeline's stages training and evaluation read
 # (import, dedup, build, mine, benchmarks; its per-stage table printed; the Nano splits are `make nano`'s), the default CPU fine-tune, then the fine-tuned model scored beside its
 # zero-shot start and BM25 (the table printed).  Every step skips what is already done on a re-run.
-TRAIN_RUN := $(RUNS)/cpu_default-me5_small
+TRAIN_NAME := cpu_default-me5_small
+TRAIN_RUN := $(RUNS)/$(TRAIN_NAME)
 run: model
 	$(PY) -m data_pipeline stage=training
 	$(PY) train.py
-	$(PY) evaluate.py ckpt=$(TRAIN_RUN)/final
+	$(PY) evaluate.py "ckpt='$(TRAIN_RUN)/final'"
 
 # Every test, the ones marked slow included (how long it takes: README "Tests and benchmarks").
 test: setup
@@ -85,13 +90,13 @@ ablation: model
 	$(PY) -m data_pipeline stage=training
 	$(PY) train.py -m experiment=hn_ablation 'run_name=hn_ablation-g$${trainer.group_size}-s$${seed}' \
 		trainer.group_size=1,2,4 seed=0,1,2
-	test -f $(EVAL)/hn_ablation-zeroshot/summary.json || \
+	test -f "$(EVAL)/hn_ablation-zeroshot/summary.json" || \
 	$(PY) evaluate.py model=me5_small $(ABLATION_EVAL) run_name=hn_ablation-zeroshot
 	for g in 1 2 4; do for s in 0 1 2; do \
-		test -f $(EVAL)/hn_ablation-g$$g-s$$s/summary.json || \
-		$(PY) evaluate.py ckpt=$(RUNS)/hn_ablation-g$$g-s$$s/final $(ABLATION_EVAL) run_name=hn_ablation-g$$g-s$$s || exit 1; \
+		test -f "$(EVAL)/hn_ablation-g$$g-s$$s/summary.json" || \
+		$(PY) evaluate.py "ckpt='$(RUNS)/hn_ablation-g$$g-s$$s/final'" $(ABLATION_EVAL) run_name=hn_ablation-g$$g-s$$s || exit 1; \
 	done; done
-	$(PY) -m care.evaluation.compare $(EVAL)/hn_ablation-* --out $(COMPARE)/hn_ablation \
+	$(PY) -m care.evaluation.compare "$(EVAL)"/hn_ablation-* --out "$(COMPARE)/hn_ablation" \
 		--a group_size=4 --b group_size=1 --a group_size=2 --b group_size=1
 
 # The ablation's longer regime: the same recipe for 60 steps, in-batch vs 3 mined hard negatives, 3 seeds.
@@ -100,11 +105,11 @@ ablation-long: model
 	$(PY) train.py -m experiment=hn_ablation_long 'run_name=hn_ablation_long-g$${trainer.group_size}-s$${seed}' \
 		trainer.group_size=1,4 seed=0,1,2
 	for g in 1 4; do for s in 0 1 2; do \
-		test -f $(EVAL)/hn_ablation_long-g$$g-s$$s/summary.json || \
-		$(PY) evaluate.py ckpt=$(RUNS)/hn_ablation_long-g$$g-s$$s/final $(ABLATION_EVAL) run_name=hn_ablation_long-g$$g-s$$s || exit 1; \
+		test -f "$(EVAL)/hn_ablation_long-g$$g-s$$s/summary.json" || \
+		$(PY) evaluate.py "ckpt='$(RUNS)/hn_ablation_long-g$$g-s$$s/final'" $(ABLATION_EVAL) run_name=hn_ablation_long-g$$g-s$$s || exit 1; \
 	done; done
-	$(PY) -m care.evaluation.compare $(EVAL)/hn_ablation_long-* $(EVAL)/hn_ablation-zeroshot \
-		--a group_size=4 --b group_size=1 --out $(COMPARE)/hn_ablation_long
+	$(PY) -m care.evaluation.compare "$(EVAL)"/hn_ablation_long-* "$(EVAL)/hn_ablation-zeroshot" \
+		--a group_size=4 --b group_size=1 --out "$(COMPARE)/hn_ablation_long"
 
 # The training-signals ablation (docs/training_signals.md): in-batch -> + mined negatives (question mode) ->
 # document-mode mining -> + relative margin 0.05 -> + distillation from `make run`'s model, one change per
@@ -120,7 +125,7 @@ endef
 empty :=
 space := $(empty) $(empty)
 SIGNALS_RUNS := $(foreach a,$(SIGNALS),$(foreach s,0 1 2,signals-$(a)-s$(s)))
-SIGNALS_EVALS := $(addprefix $(EVAL)/,$(SIGNALS_RUNS))
+SIGNALS_EVALS := $(foreach r,$(SIGNALS_RUNS),"$(EVAL)/$(r)")
 MRL_RUN := cpu_default-me5_small-mrl
 # The reranker arms' cross-encoder (conf/experiment/reranker_cpu.yaml: ~18 min on 2 idle cores): judge and teacher
 RERANKER_RUN := $(RUNS)/reranker_cpu-me5_reranker
@@ -135,43 +140,43 @@ ablation-signals: model
 	$(PY) -m data_pipeline stage=mine mine.similarity=document mine.absolute_margin=0.0 \
 		'mine.out_dir=$${data_dir}/mined/document-am0'
 	$(PY) train.py
-	$(PY) -m data_pipeline stage=score teacher=$(TRAIN_RUN)/final \
+	$(PY) -m data_pipeline stage=score "teacher='$(TRAIN_RUN)/final'" \
 		'score.input_dir=$${data_dir}/mined/document-rm0.05' 'score.out_dir=$${data_dir}/scored/document-rm0.05'
-	test -d $(RERANKER) || $(PY) train.py experiment=reranker_cpu
+	test -d "$(RERANKER)" || $(PY) train.py experiment=reranker_cpu
 	for rule in drop relabel; do \
-		$(PY) -m data_pipeline stage=mine mine.similarity=document mine.judge=$(RERANKER) \
+		$(PY) -m data_pipeline stage=mine mine.similarity=document "mine.judge='$(RERANKER)'" \
 			mine.judge_rule=$$rule "mine.out_dir=\$${data_dir}/mined/document-judge-$$rule" || exit 1; \
 	done
-	$(PY) -m data_pipeline stage=score teacher=$(RERANKER) \
+	$(PY) -m data_pipeline stage=score "teacher='$(RERANKER)'" \
 		'score.input_dir=$${data_dir}/mined/document' 'score.out_dir=$${data_dir}/scored/document-reranker'
 	@# the reranker's row without Acc@1024: its trials cross-encode 136 x 1,024 pairs (~1.5 h on 2 cores), where
 	@# Hit@10 and MRR@10 read the retrieve-then-rerank top 100
-	test -f $(EVAL)/signals-reranker/summary.json || \
-	$(PY) evaluate.py ckpt=$(RERANKER) $(ABLATION_EVAL) 'benchmark.tasks.cmedqa2.metrics=[success_10,mrr_10]' \
+	test -f "$(EVAL)/signals-reranker/summary.json" || \
+	$(PY) evaluate.py "ckpt='$(RERANKER)'" $(ABLATION_EVAL) 'benchmark.tasks.cmedqa2.metrics=[success_10,mrr_10]' \
 		run_name=signals-reranker
 	$(PY) train.py -m experiment=$(subst $(space),$(comma),$(addprefix signals/,$(SIGNALS))) seed=0,1,2
-	test -f $(EVAL)/signals-zeroshot/summary.json || \
+	test -f "$(EVAL)/signals-zeroshot/summary.json" || \
 	$(PY) evaluate.py model=me5_small $(ABLATION_EVAL) run_name=signals-zeroshot
 	for run in $(SIGNALS_RUNS); do \
-		test -f $(EVAL)/$$run/summary.json || \
-		$(PY) evaluate.py ckpt=$(RUNS)/$$run/final $(ABLATION_EVAL) run_name=$$run || exit 1; \
+		test -f "$(EVAL)/$$run/summary.json" || \
+		$(PY) evaluate.py "ckpt='$(RUNS)/$$run/final'" $(ABLATION_EVAL) run_name=$$run || exit 1; \
 	done
 	@# groups in the order given: 1 in-batch, 2 question, 3 document, 4 margin, 5 distill, 6 posfilter, 7 judge
 	@# (drop), 8 judge (relabel), 9 distill from the reranker, 10 zero-shot; one gain row per arm over the arm it
 	@# changes, then the filtered/judged/distilled arms over in-batch (do they pay?)
-	$(PY) -m care.evaluation.compare $(SIGNALS_EVALS) $(EVAL)/signals-zeroshot --out $(COMPARE)/signals \
+	$(PY) -m care.evaluation.compare $(SIGNALS_EVALS) "$(EVAL)/signals-zeroshot" --out "$(COMPARE)/signals" \
 		--a 1 --b 10 --a 2 --b 1 --a 3 --b 2 --a 4 --b 3 --a 5 --b 4 --a 6 --b 3 --a 7 --b 3 --a 8 --b 3 \
 		--a 9 --b 3 --a 5 --b 1 --a 6 --b 1 --a 7 --b 1 --a 8 --b 1 --a 9 --b 1
-	mkdir -p docs/results && cp $(COMPARE)/signals/compare.json docs/results/training_signals.json
+	mkdir -p docs/results && cp "$(COMPARE)/signals/compare.json" docs/results/training_signals.json
 	$(PY) train.py run_name=$(MRL_RUN) 'loss.matryoshka_dims=[256,128,64]'
-	for run in $(notdir $(TRAIN_RUN)) $(MRL_RUN); do for d in 384 128; do \
-		test -f $(EVAL)/signals-$$run-$$d/summary.json || \
-		$(PY) evaluate.py ckpt=$(RUNS)/$$run/final $(ABLATION_EVAL) truncate_dim=$$d \
+	for run in $(TRAIN_NAME) $(MRL_RUN); do for d in 384 128; do \
+		test -f "$(EVAL)/signals-$$run-$$d/summary.json" || \
+		$(PY) evaluate.py "ckpt='$(RUNS)/$$run/final'" $(ABLATION_EVAL) truncate_dim=$$d \
 			run_name=signals-$$run-$$d || exit 1; \
 	done; done
-	$(PY) -m care.evaluation.compare $(foreach r,$(notdir $(TRAIN_RUN)) $(MRL_RUN),$(foreach d,384 128,$(EVAL)/signals-$(r)-$(d))) \
-		--out $(COMPARE)/signals-matryoshka --a 4 --b 2 --a 3 --b 1  # Matryoshka-trained over plain: at 128, at 384
-	cp $(COMPARE)/signals-matryoshka/compare.json docs/results/training_signals_matryoshka.json
+	$(PY) -m care.evaluation.compare $(foreach r,$(TRAIN_NAME) $(MRL_RUN),$(foreach d,384 128,"$(EVAL)/signals-$(r)-$(d)")) \
+		--out "$(COMPARE)/signals-matryoshka" --a 4 --b 2 --a 3 --b 1  # Matryoshka-trained over plain: at 128, at 384
+	cp "$(COMPARE)/signals-matryoshka/compare.json" docs/results/training_signals_matryoshka.json
 
 # The CARE stage-I study (docs/care.md, "The stage-I study"): each arm one change from care_me5's stage I,
 # screened once at 100 steps and chosen on the selection set, never on the benchmark: cEpilepsyQA dev (200
@@ -205,7 +210,7 @@ care-study: model
 	$(PY) -m data_pipeline stage=training
 	$(foreach s,$(CARE_STUDY_SEEDS),$(foreach a,$(CARE_STUDY_ARMS),$(PY) train.py $(CARE_STUDY) $(call study_arm,$(a)) \
 		seed=$(s) run_name=care_study-$(a)-s$(s) || exit 1;$(newline)))
-	$(PY) -m care.training.study $(RUNS)/care_study-* --out $(COMPARE)/care_study
+	$(PY) -m care.training.study "$(RUNS)"/care_study-* --out "$(COMPARE)/care_study"
 
 # CARE's table (README "CARE", docs/care.md "The CPU experiment"): care_me5's default recipe through stages I
 # and II (run care_me5, 40-75 min on 2 cores by machine), the depth frontier at the study's budget (2, 4, 8 layers, the same
@@ -216,17 +221,17 @@ care-study: model
 CARE_TABLE := $(OUT_ROOT)/care_table
 care-experiment: model
 	$(PY) -m data_pipeline stage=training
-	test -d $(TRAIN_RUN)/final || $(PY) train.py
+	test -d "$(TRAIN_RUN)/final" || $(PY) train.py
 	$(PY) train.py model=care_me5 run_name=care_me5
 	for n in 2 4 8; do $(PY) train.py $(CARE_STUDY_BUDGET) model.query.build.layers=$$n seed=0 run_name=care_depth-L$$n \
 		|| exit 1; done
-	mkdir -p $(CARE_TABLE)
-	ln -sfn ../train/care_me5/stage1/final $(CARE_TABLE)/c-stage1
-	ln -sfn ../train/care_me5/final $(CARE_TABLE)/d-stage2
-	for n in 2 4 8; do ln -sfn ../train/care_depth-L$$n/final $(CARE_TABLE)/depth-L$$n; done
-	ln -sfn ../train/$(notdir $(TRAIN_RUN))/final $(CARE_TABLE)/e-symmetric
-	$(PY) evaluate.py ckpt=$(CARE_TABLE) 'baselines=[bm25,me5_small,care_me5]' run_name=care_table
-	$(PY) -m care.evaluation.tradeoff $(EVAL)/care_table --keep-reference --out bench/results/care_me5_depth.json
+	mkdir -p "$(CARE_TABLE)"
+	ln -sfn ../train/care_me5/stage1/final "$(CARE_TABLE)/c-stage1"
+	ln -sfn ../train/care_me5/final "$(CARE_TABLE)/d-stage2"
+	for n in 2 4 8; do ln -sfn ../train/care_depth-L$$n/final "$(CARE_TABLE)/depth-L$$n"; done
+	ln -sfn ../train/$(TRAIN_NAME)/final "$(CARE_TABLE)/e-symmetric"
+	$(PY) evaluate.py "ckpt='$(CARE_TABLE)'" 'baselines=[bm25,me5_small,care_me5]' run_name=care_table
+	$(PY) -m care.evaluation.tradeoff "$(EVAL)/care_table" --keep-reference --out bench/results/care_me5_depth.json
 
 # Stage II without trading domains (docs/care.md, "Stage II batches from one rule at a time"): each arm one change to care_me5's stage II,
 # all from care_me5's own stage-I tower (make care-experiment first), scored in one evaluation run beside
@@ -242,13 +247,13 @@ CARE_S2_ARMS ?= byrule equal lr3e-5 steps10
 CARE_S2 := $(OUT_ROOT)/care_stage2
 care-stage2: care-experiment
 	$(foreach a,$(CARE_S2_ARMS),$(PY) train.py model=care_me5 model.stage=stage2 $(S2_ARM_$(a)) \
-		model.stages.stage2.query_from=$(RUNS)/care_me5/stage1/final/query run_name=care_s2-$(a) || exit 1;$(newline))
-	mkdir -p $(CARE_S2)
-	ln -sfn ../train/care_me5/stage1/final $(CARE_S2)/c-stage1
-	ln -sfn ../train/care_me5/final $(CARE_S2)/s2-mixed
-	for a in $(CARE_S2_ARMS); do ln -sfn ../train/care_s2-$$a/final $(CARE_S2)/s2-$$a; done
-	$(PY) evaluate.py ckpt=$(CARE_S2) 'baselines=[me5_small]' efficiency.enabled=false run_name=care_stage2
-	$(PY) -m care.evaluation.compare $(EVAL)/care_stage2 --out $(COMPARE)/care_stage2 \
+		"model.stages.stage2.query_from='$(RUNS)/care_me5/stage1/final/query'" run_name=care_s2-$(a) || exit 1;$(newline))
+	mkdir -p "$(CARE_S2)"
+	ln -sfn ../train/care_me5/stage1/final "$(CARE_S2)/c-stage1"
+	ln -sfn ../train/care_me5/final "$(CARE_S2)/s2-mixed"
+	for a in $(CARE_S2_ARMS); do ln -sfn ../train/care_s2-$$a/final "$(CARE_S2)/s2-$$a"; done
+	$(PY) evaluate.py "ckpt='$(CARE_S2)'" 'baselines=[me5_small]' efficiency.enabled=false run_name=care_stage2
+	$(PY) -m care.evaluation.compare "$(EVAL)/care_stage2" --out "$(COMPARE)/care_stage2" \
 		$(foreach a,mixed $(CARE_S2_ARMS),--a s2-$(a) --b c-stage1)
 
 # CARE's claim at equal query cost (docs/care.md, "CARE's claim at equal query cost"): care_me5 against symmetric
@@ -267,35 +272,35 @@ claim_sfx = $(if $(filter 42,$(1)),,-s$(1))
 CARE_CLAIM := $(OUT_ROOT)/care_claim
 # Gain rows (care.evaluation.compare --a / --b): a row's exact name picks its whole seed group (h's tower folders
 # carry no training record, so each h seed is a group of its own: the gains over h are over seed 42's).
-claim_row = $(if $(filter me5_small me5_small_cut4,$(1)),$(1),$(notdir $(CARE_CLAIM))/$(1))
+claim_row = $(if $(filter me5_small me5_small_cut4,$(1)),$(1),care_claim/$(1))
 CLAIM_GAINS := $(foreach p,d60-stage2-s42:me5_small_cut4 d60-stage2-s42:g-cut4-ft-s42 d60-stage2-s42:h-stage1tower-s42 \
 	d60-stage2-s42:me5_small d60-stage2-s42:e-symmetric d60-stage2-s42:d20-stage2-s42 d20-stage2-s42:g-cut4-ft-s42 \
 	d20-stage2-s42:h-stage1tower-s42 c-stage1-s42:h-stage1tower-s42 g-cut4-ft-s42:me5_small_cut4,\
 	--a $(call claim_row,$(word 1,$(subst :, ,$(p)))) --b $(call claim_row,$(word 2,$(subst :, ,$(p)))))
 care-claim: model
 	$(PY) -m data_pipeline stage=training
-	test -d $(TRAIN_RUN)/final || $(PY) train.py
-	$(PY) -m care.tools.build_towers cut $(CARE_CACHE)/models/multilingual-e5-small-q4 \
-		$(CARE_CACHE)/models/multilingual-e5-small-4layers-spread --layers 4 --pick spread
-	$(foreach s,$(CLAIM_SEEDS),test -d $(RUNS)/cpu_default-me5_small_cut4$(call claim_sfx,$(s))/final || $(PY) train.py \
+	test -d "$(TRAIN_RUN)/final" || $(PY) train.py
+	$(PY) -m care.tools.build_towers cut "$(CARE_CACHE)/models/multilingual-e5-small-q4" \
+		"$(CARE_CACHE)/models/multilingual-e5-small-4layers-spread" --layers 4 --pick spread
+	$(foreach s,$(CLAIM_SEEDS),test -d "$(RUNS)/cpu_default-me5_small_cut4$(call claim_sfx,$(s))/final" || $(PY) train.py \
 		model=me5_small_cut4 seed=$(s) run_name=cpu_default-me5_small_cut4$(call claim_sfx,$(s)) || exit 1;$(newline))
 	$(foreach s,$(CLAIM_SEEDS),$(PY) train.py model=care_me5 seed=$(s) run_name=care_me5$(call claim_sfx,$(s)) || exit 1;$(newline)\
-		test -d $(RUNS)/care_me5_s2x60$(call claim_sfx,$(s))/final || $(PY) train.py model=care_me5 model.stage=stage2 \
-		model.stages.stage2.trainer.max_steps=60 model.stages.stage2.query_from=$(RUNS)/care_me5$(call claim_sfx,$(s))/stage1/final/query \
+		test -d "$(RUNS)/care_me5_s2x60$(call claim_sfx,$(s))/final" || $(PY) train.py model=care_me5 model.stage=stage2 \
+		model.stages.stage2.trainer.max_steps=60 "model.stages.stage2.query_from='$(RUNS)/care_me5$(call claim_sfx,$(s))/stage1/final/query'" \
 		seed=$(s) run_name=care_me5_s2x60$(call claim_sfx,$(s)) || exit 1;$(newline))
-	mkdir -p $(CARE_CLAIM)
-	ln -sfn ../train/$(notdir $(TRAIN_RUN))/final $(CARE_CLAIM)/e-symmetric
-	$(foreach s,$(CLAIM_SEEDS),ln -sfn ../train/care_me5$(call claim_sfx,$(s))/stage1/final $(CARE_CLAIM)/c-stage1-s$(s);$(newline)\
-		ln -sfn ../train/care_me5$(call claim_sfx,$(s))/final $(CARE_CLAIM)/d20-stage2-s$(s);$(newline)\
-		ln -sfn ../train/care_me5_s2x60$(call claim_sfx,$(s))/final $(CARE_CLAIM)/d60-stage2-s$(s);$(newline)\
-		ln -sfn ../train/cpu_default-me5_small_cut4$(call claim_sfx,$(s))/final $(CARE_CLAIM)/g-cut4-ft-s$(s);$(newline)\
-		ln -sfn ../train/care_me5$(call claim_sfx,$(s))/stage1/final/query $(CARE_CLAIM)/h-stage1tower-s$(s);$(newline))
-	$(PY) evaluate.py ckpt=$(CARE_CLAIM) model=me5_small 'baselines=[me5_small,care_me5,me5_small_cut4]' run_name=care_claim
-	$(PY) -m care.evaluation.tradeoff $(EVAL)/care_claim --keep-reference --out bench/results/care_me5.json \
+	mkdir -p "$(CARE_CLAIM)"
+	ln -sfn ../train/$(TRAIN_NAME)/final "$(CARE_CLAIM)/e-symmetric"
+	$(foreach s,$(CLAIM_SEEDS),ln -sfn ../train/care_me5$(call claim_sfx,$(s))/stage1/final "$(CARE_CLAIM)/c-stage1-s$(s)";$(newline)\
+		ln -sfn ../train/care_me5$(call claim_sfx,$(s))/final "$(CARE_CLAIM)/d20-stage2-s$(s)";$(newline)\
+		ln -sfn ../train/care_me5_s2x60$(call claim_sfx,$(s))/final "$(CARE_CLAIM)/d60-stage2-s$(s)";$(newline)\
+		ln -sfn ../train/cpu_default-me5_small_cut4$(call claim_sfx,$(s))/final "$(CARE_CLAIM)/g-cut4-ft-s$(s)";$(newline)\
+		ln -sfn ../train/care_me5$(call claim_sfx,$(s))/stage1/final/query "$(CARE_CLAIM)/h-stage1tower-s$(s)";$(newline))
+	$(PY) evaluate.py "ckpt='$(CARE_CLAIM)'" model=me5_small 'baselines=[me5_small,care_me5,me5_small_cut4]' run_name=care_claim
+	$(PY) -m care.evaluation.tradeoff "$(EVAL)/care_claim" --keep-reference --out bench/results/care_me5.json \
 		--note "$(CLAIM_NOTE)"
-	$(PY) -m care.evaluation.compare $(EVAL)/care_claim --out $(COMPARE)/care_claim $(CLAIM_GAINS)
-	cp $(COMPARE)/care_claim/compare.md bench/results/care_me5_gains.md
-	cp $(COMPARE)/care_claim/compare.json bench/results/care_me5_gains.json
+	$(PY) -m care.evaluation.compare "$(EVAL)/care_claim" --out "$(COMPARE)/care_claim" $(CLAIM_GAINS)
+	cp "$(COMPARE)/care_claim/compare.md" bench/results/care_me5_gains.md
+	cp "$(COMPARE)/care_claim/compare.json" bench/results/care_me5_gains.json
 
 # The search stages at 226,000 texts and a cost model to 1M / 10M (docs/scale.md); minutes, not part of
 # `make bench`.  Needs the import stage's text store (built here when missing).
@@ -306,5 +311,8 @@ bench-scale: model
 lint: setup
 	.venv/bin/ruff check care data_pipeline tests bench train.py evaluate.py
 
+# Only what the project wrote: its sub-folders of the outputs root (data/, train/, eval/, mteb/, compare/,
+# Hydra's hydra/ and multirun/, the care tables), never the root itself with a user's files in it; each removed
+# path is printed (care/tools/clean.py, standard library only: works before `make setup`).
 clean:
-	rm -rf $(OUT_ROOT) multirun .pytest_cache
+	$(if $(wildcard $(PY)),$(PY),python3) care/tools/clean.py --out-root "$(CARE_OUTPUTS)" --project "$(CURDIR)"

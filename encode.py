@@ -24,7 +24,6 @@ from pathlib import Path
 
 import hydra
 from omegaconf import DictConfig, OmegaConf
-from tqdm.auto import tqdm
 
 import care  # noqa: F401  (registers the ${paths:...} resolver)
 from care.allocator import keep_freed_memory
@@ -34,6 +33,7 @@ from care.encoders import Encoder, build_encoder
 from care.encoders.cache import EmbeddingCache
 from care.errors import app_errors
 from care.evaluation import corpora
+from care.progress import progress
 from data_pipeline import benchmarks as builders
 
 SIDE = "document"
@@ -131,8 +131,8 @@ def encode(cfg: DictConfig | dict, accelerator=None, on_shard=None) -> dict:
     mine = shards[rank::world]
     done = {"rank": rank, "encoded": 0, "skipped": 0, "repaired": 0, "left": 0, "texts": 0, "encode_seconds": 0.0}
     max_shards = cfg.get("max_shards")
-    bar = tqdm(total=len(mine), desc=f"encode {encoder.name} documents (process 0 of {world})", unit="shard",
-               disable=not main)
+    bar = progress(total=len(mine), desc=f"encode {encoder.name} documents (process 0 of {world})", unit="shard",
+                   enabled=main)
     for shard in mine:
         state = cache.chunk_state(shard.fingerprint, SIDE, heads, shard.texts)  # damaged: reported, encoded again
         if state == "ok":

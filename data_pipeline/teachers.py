@@ -32,7 +32,6 @@ from pathlib import Path
 
 import numpy as np
 from omegaconf import OmegaConf
-from tqdm.auto import tqdm
 
 from care.config import CONF_DIR, model_config
 from care.data.io import atomic_open
@@ -44,6 +43,7 @@ from care.encoders.registry import TRAINING_RECORD
 from care.evaluation.corpora import evaluation_model
 from care.families import family_of, tower_configs
 from care.models.hub import weights_digest
+from care.progress import progress
 
 log = logging.getLogger(__name__)
 NO_TEACHER = ("no teacher given: pass teacher=FOLDER (a cross-encoder folder such as bge-reranker-v2-m3, or an "
@@ -179,8 +179,8 @@ class CrossEncoderTeacher:
         missing = np.flatnonzero(np.isnan(scores))
         self.counts = {"pairs_computed": len(missing), "pairs_cached": len(keys) - len(missing)}
         step = int(self.opts["chunk_pairs"])
-        with tqdm(total=len(keys), initial=len(keys) - len(missing), desc=f"score {Path(self.folder).name}",
-                  unit="pair") as bar:
+        with progress(total=len(keys), initial=len(keys) - len(missing), desc=f"score {Path(self.folder).name}",
+                      unit="pair") as bar:
             for s in range(0, len(missing), step):
                 rows = missing[s:s + step]
                 chunk = self._score_chunk([(queries[q], docs[d]) for q, d in pairs[rows].tolist()], bar)
@@ -218,7 +218,7 @@ class BiEncoderTeacher:
         encoded = self.scorer.prepare(queries, docs)
         order = np.argsort(pairs[:, 0], kind="stable")
         starts = np.flatnonzero(np.diff(pairs[order, 0], prepend=-1))
-        for rows in tqdm(np.split(order, starts[1:]), desc="score pairs", unit="query", leave=False):
+        for rows in progress(np.split(order, starts[1:]), desc="score pairs", unit="query", leave=False):
             scores[rows] = encoded.score(self.method, int(pairs[rows[0], 0]), pairs[rows, 1])
         return scores
 

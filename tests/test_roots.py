@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -128,26 +129,44 @@ def make(*args: str, env: dict) -> str:
 
 def moved_roots(how: str, tmp_path: Path) -> tuple[list[str], dict, Path, Path]:
     """(make arguments, environment, outputs root, cache root): the roots moved by the environment variables
-    every app reads, or by the Makefile's own OUT_ROOT= / CACHE_ROOT= on the command line."""
+    every app reads, or by the Makefile's own OUT_ROOT= / CACHE_ROOT= on the command line; `spaces`: the
+    latter, with roots whose names hold a space and Chinese characters."""
     out, cache = tmp_path / "moved-out", tmp_path / "moved-cache"
     if how == "env":
         return [], {"CARE_OUTPUTS": str(out), "CARE_CACHE": str(cache)}, out, cache
+    if how == "spaces":
+        out, cache = tmp_path / "数据 out", tmp_path / "模型 缓存"
     return [f"OUT_ROOT={out}", f"CACHE_ROOT={cache}"], {}, out, cache
 
 
-@pytest.mark.parametrize("how", ["env", "make"])
+def shell_words(commands: str) -> list[list[str]]:
+    """`make -n`'s commands as the shell splits them (continued lines joined, comments dropped)."""
+    return [shlex.split(line, comments=True) for line in commands.replace("\\\n", " ").splitlines()]
+
+
+@pytest.mark.parametrize("how", ["env", "make", "spaces"])
 @pytest.mark.parametrize("target", TARGETS)
 def test_every_make_target_follows_the_roots(target, how, tmp_path):
     """`make -n <target>` with the roots moved names no default folder (`make run` trained into the moved
-    root and then evaluated `outputs/train/...`: a failure, or an older run's score)."""
-    args, env, out, _ = moved_roots(how, tmp_path)
+    root and then evaluated `outputs/train/...`: a failure, or an older run's score), and hands each path
+    under a root to the shell as one word, to a Hydra app as a quoted override value (`"ckpt='/d/数据 out/...'"`:
+    Hydra's grammar refuses an unquoted space or Chinese character)."""
+    args, env, out, cache = moved_roots(how, tmp_path)
     commands = make("-n", "-B", target, *args, env=env)  # -B: every prerequisite's commands too, setup's included
     stale = [line.strip() for line in commands.splitlines()
              if RELATIVE_DEFAULT.search(line) or str(PROJECT_ROOT / "outputs") in line
              or str(PROJECT_ROOT / ".cache") in line]
     assert not stale, f"make {target} with the roots moved still names the default folders:\n" + "\n".join(stale)
+    for words in shell_words(commands):
+        for word in words:
+            for root in (out, cache):
+                if root.name.split()[0] in word:
+                    assert str(root) in word, f"make {target} splits the root {root}: {words}"
+                    key, _, value = word.partition("=")
+                    if value and not key.startswith("-"):  # a Hydra override: key='value'
+                        assert value.startswith("'") and value.endswith("'"), f"make {target}: {word} unquoted"
     if target == "run":
-        assert f"ckpt={out}/train/cpu_default-me5_small/final" in commands
+        assert f"\"ckpt='{out}/train/cpu_default-me5_small/final'\"" in commands
 
 
 @pytest.mark.parametrize("how", ["env", "make"])

@@ -31,7 +31,6 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 import torch
-from tqdm.auto import tqdm
 from transformers import AutoTokenizer
 
 from care.encoders.base import Embeddings, Encoder, config_args
@@ -39,6 +38,7 @@ from care.encoders.onnx_backend import OnnxForward, padded_example
 from care.encoders.prompts import Prompts
 from care.models.hub import load_encoder_model, resolve_model_path, weights_digest
 from care.models.pooling import pool
+from care.progress import progress
 
 
 def pick_device(device: str | None = None) -> torch.device:
@@ -55,7 +55,7 @@ def batched_forward(texts: Sequence[str], batch_size: int, show_progress: bool, 
     order = sorted(range(len(texts)), key=lambda i: -key[i])
     out: list = [None] * len(texts)
     starts = range(0, len(order), batch_size)
-    for s in tqdm(starts, desc=desc, disable=not show_progress, unit="batch"):
+    for s in progress(starts, desc=desc, enabled=show_progress, unit="batch"):
         idx = order[s:s + batch_size]
         for i, r in zip(idx, step([texts[i] for i in idx])):
             out[i] = r

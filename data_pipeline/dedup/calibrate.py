@@ -38,11 +38,11 @@ from pathlib import Path
 import hydra
 import numpy as np
 from omegaconf import DictConfig, OmegaConf
-from tqdm.auto import tqdm
 
 import care  # noqa: F401  (registers the ${paths:...} resolver)
 from care.config import CONF_DIR
 from care.data.io import atomic_open, read_jsonl, read_text_store, write_json, write_jsonl
+from care.progress import progress
 from data_pipeline.dedup.calibrate_labels import (
     export_pairs,
     judge_label,
@@ -169,7 +169,7 @@ def run(cfg: DictConfig) -> dict:
         labels_file = Path(c.labels or out / "to_label.jsonl")
         if mode == "judge":
             rows = list(read_jsonl(labels_file, required=("text1", "text2", "cosine", "label")))
-            for row in tqdm(rows, desc="judge", unit="pair"):
+            for row in progress(rows, desc="judge", unit="pair"):
                 row["label"] = judge_label(row["text1"], row["text2"], c.judge)
             labels_file = out / "judged.jsonl"
             write_jsonl(labels_file, rows)

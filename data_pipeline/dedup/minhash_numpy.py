@@ -20,8 +20,8 @@ from __future__ import annotations
 import numpy as np
 from datasketch import MinHash
 from datasketch.minhash import _fmix
-from tqdm.auto import tqdm
 
+from care.progress import progress
 from data_pipeline.dedup.minhash_reference import HASHFUNC, SEED, MinHashResult
 from data_pipeline.dedup.shingle_ids import ShingleIds, concat_ranges, sorted_unique
 
@@ -64,8 +64,8 @@ def signature_matrix(sh: ShingleIds, num_perm: int = 128, seed: int = SEED, perm
     ends = sh.indptr[nonempty + 1]
     cuts = np.unique(np.searchsorted(ends, np.arange(_BLOCK, int(ends[-1]), _BLOCK), side="right"))
     bounds = np.concatenate([[0], cuts[(cuts > 0) & (cuts < len(nonempty))], [len(nonempty)]])
-    for c0, c1 in tqdm(zip(bounds[:-1].tolist(), bounds[1:].tolist()), total=len(bounds) - 1,
-                       desc=f"{desc}: hash", disable=not show_progress, unit="block", mininterval=2):
+    for c0, c1 in progress(zip(bounds[:-1].tolist(), bounds[1:].tolist()), total=len(bounds) - 1,
+                           desc=f"{desc}: hash", enabled=show_progress, unit="block", mininterval=2):
         texts = nonempty[c0:c1]
         lo, hi = sh.indptr[texts[0]], sh.indptr[texts[-1] + 1]
         phv = a * mixed[sh.ids[lo:hi]][None, :]   # uint32 wraps: datasketch's a * h + b mod 2^32
