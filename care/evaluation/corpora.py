@@ -12,11 +12,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
-from tqdm.auto import tqdm
-
 from care.data.tasks import TaskData, load_task
 from care.evaluation.benchmarks import Benchmark, TaskSpec, load_benchmark, resolve_paths
 from care.families import family_of
+from care.progress import progress
 
 #: where an app config holds its benchmarks (evaluate.yaml and encode.yaml alike)
 PLACES = ("benchmark", "extra_benchmark")
@@ -40,7 +39,7 @@ def load_benchmarks(cfg: dict, build: Callable[[str, dict, str], dict] | None = 
         specs = resolve_paths(bench, where, cfg.get("cache_root"))
         bench.tasks = specs
         tasks = []
-        for spec in tqdm(specs, desc=f"load {bench.name}", unit="task", disable=not show_progress):
+        for spec in progress(specs, desc=f"load {bench.name}", unit="task", enabled=show_progress):
             tasks.append((spec, load_task(spec.type, spec.path, spec.split, spec.reader, spec.reader_options)))
         loaded.append((bench, tasks))
     return loaded

@@ -16,7 +16,9 @@ from collections.abc import Sequence
 
 import numpy as np
 import torch
-from tqdm.auto import tqdm
+
+from care.evaluation.tasks import shows_progress
+from care.progress import progress
 
 
 def measure(scorer, queries: Sequence[str], docs: Sequence[str], warmup: int = 3) -> dict:
@@ -25,7 +27,8 @@ def measure(scorer, queries: Sequence[str], docs: Sequence[str], warmup: int = 3
     doc_seconds = scorer.time_documents(list(docs))
     for q in queries[:warmup]:
         scorer.time_query(q)
-    latency = np.array([scorer.time_query(q) for q in tqdm(queries, desc=f"{scorer.name} latency", leave=False)])
+    latency = np.array([scorer.time_query(q) for q in progress(queries, desc=f"{scorer.name} latency", leave=False,
+                                                               enabled=shows_progress(scorer))])
     return {
         "online_parameters": int(scorer.online_parameters),
         "online_parameters_without_embeddings": int(scorer.online_parameters - scorer.online_embedding_parameters),

@@ -33,7 +33,8 @@ import re
 from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 
 import numpy as np
-from tqdm import tqdm
+
+from care.progress import progress
 
 Run = Mapping[str, Mapping[str, float]]
 Qrels = Mapping[str, Mapping[str, int]]
@@ -66,7 +67,8 @@ def trec_order(doc_scores: Mapping[str, float]) -> list[str]:
 
 
 def evaluate_per_query(run: Run, qrels: Qrels, metrics: Sequence[str] = DEFAULT_METRICS, *,
-                       relevance_level: int = 1, complete: bool = True) -> dict[str, dict[str, float]]:
+                       relevance_level: int = 1, complete: bool = True,
+                       show_progress: bool = True) -> dict[str, dict[str, float]]:
     """`{qid: {metric: value}}` for every qrels query (complete=True) or those also in the run."""
     if relevance_level < 1:
         raise ValueError(f"relevance_level must be >= 1 (as in trec_eval), got {relevance_level}")
@@ -78,7 +80,7 @@ def evaluate_per_query(run: Run, qrels: Qrels, metrics: Sequence[str] = DEFAULT_
         raise ValueError("no query to evaluate: the run and the qrels share no query id")
     depth = max(k for _, k in parsed)
     out: dict[str, dict[str, float]] = {}
-    with tqdm(total=len(qids), desc="metrics", unit="query", leave=False) as bar:
+    with progress(total=len(qids), desc="metrics", unit="query", leave=False, enabled=show_progress) as bar:
         for start in range(0, len(qids), _BLOCK):
             block = qids[start:start + _BLOCK]
             values = _score_block(block, run, qrels, parsed, depth, relevance_level)
@@ -94,9 +96,10 @@ def average(per_query: Mapping[str, Mapping[str, float]], metrics: Sequence[str]
 
 
 def evaluate(run: Run, qrels: Qrels, metrics: Sequence[str] = DEFAULT_METRICS, *,
-             relevance_level: int = 1, complete: bool = True) -> dict[str, float]:
+             relevance_level: int = 1, complete: bool = True, show_progress: bool = True) -> dict[str, float]:
     """Averaged metrics, `{metric: value}` on a 0-1 scale."""
-    per_query = evaluate_per_query(run, qrels, metrics, relevance_level=relevance_level, complete=complete)
+    per_query = evaluate_per_query(run, qrels, metrics, relevance_level=relevance_level, complete=complete,
+                                   show_progress=show_progress)
     return average(per_query, metrics)
 
 
@@ -187,7 +190,7 @@ def sample_acc_trials(relevant: Sequence[Collection[int]], n: int, corpus_size: 
 
 def accuracy_at_n(scores: np.ndarray | Callable[[int, np.ndarray], np.ndarray],
                   relevant: Sequence[Collection[int]], n: int, *, corpus_size: int | None = None,
-                  seed: int = 0, trials_out: list | None = None) -> float:
+                  seed: int = 0, trials_out: list | None = None, show_progress: bool = True) -> float:
     """Acc@N: the fraction of (query, positive) trials in which the positive scores strictly higher than
     all N - 1 sampled negatives.  A tie with any negative is a failure (a model that scores everything
     alike must not get credit).  Queries with no relevant doc contribute no trial.
@@ -211,8 +214,8 @@ def accuracy_at_n(scores: np.ndarray | Callable[[int, np.ndarray], np.ndarray],
 
     wins = trials = 0
     total = sum(len(set(r)) for r in relevant)
-    for query, positive, negatives in tqdm(sample_acc_trials(relevant, n, corpus_size, seed), total=total,
-                                           desc=f"Acc@{n}", unit="trial", leave=False):
+    for query, positive, negatives in progress(sample_acc_trials(relevant, n, corpus_size, seed), total=total,
+                                               desc=f"Acc@{n}", unit="trial", leave=False, enabled=show_progress):
         candidate_scores = np.asarray(score_fn(query, np.concatenate(([positive], negatives))))
         won = bool(candidate_scores[0] > candidate_scores[1:].max())
         wins += won

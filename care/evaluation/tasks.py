@@ -2,8 +2,9 @@
 
 A runner talks to a *scorer* (care.retrieval: `EncoderScorer` for any Encoder, `BM25Scorer` for the
 lexical baseline): `scorer.prepare(queries, docs)` returns an object with `search(depth) -> {method:
-(indices, scores)}` and `score(method, query_index, doc_indices) -> scores`.  Every runner returns
-{method: {metric: value}} on a 0-1 scale and, given `items`, each method's per-query values.
+(indices, scores)}` and `score(method, query_index, doc_indices) -> scores`; its `show_progress`, where it
+has one, says whether the runner shows bars (care.progress).  Every runner returns {method: {metric: value}}
+on a 0-1 scale and, given `items`, each method's per-query values.
 """
 from __future__ import annotations
 
@@ -12,7 +13,6 @@ from collections.abc import Sequence
 from functools import partial
 
 import numpy as np
-from tqdm.auto import tqdm
 
 from care.data.tasks import TaskData
 from care.evaluation.metrics import (
@@ -22,6 +22,7 @@ from care.evaluation.metrics import (
     run_from_topk,
     sts_correlations,
 )
+from care.progress import progress
 
 # ---- runners -------------------------------------------------------------------------------------------
 
@@ -31,9 +32,16 @@ def _finite(scores: np.ndarray, data: TaskData, item: str) -> np.ndarray:
     return scores
 
 
-def _trec(run, data: TaskData, metrics: Sequence[str], method: str, items: dict | None) -> dict[str, float]:
+def shows_progress(scorer) -> bool:
+    """Whether the runner shows its bars: the scorer's `show_progress` (EncoderScorer, RerankerScorer: off in
+    validation and the mteb adapter); a scorer without one (BM25Scorer) shows them."""
+    return getattr(scorer, "show_progress", True)
+
+
+def _trec(run, data: TaskData, metrics: Sequence[str], method: str, items: dict | None,
+          show: bool) -> dict[str, float]:
     """Averaged trec metrics; with `items`, each query's values too (what significance.py resamples)."""
-    per_query = evaluate_per_query(run, data.qrels, metrics)
+    per_query = evaluate_per_query(run, data.qrels, metrics, show_progress=show)
     if items is not None:
         items[method] = {"per_query": per_query}
     return average(per_query, metrics)
@@ -57,12 +65,14 @@ def run_retrieval(data: TaskData, scorer, metrics: Sequence[str], depth: int = 1
         for row, qid in enumerate(qids):
             keep = idx[row] >= 0
             _finite(scores[row][keep], data, f"query {data.queries[qid]!r} ({method})")
-        results[method] = _trec(run_from_topk(qids, dids, idx, scores), data, trec, method, items) if trec else {}
+        results[method] = (_trec(run_from_topk(qids, dids, idx, scores), data, trec, method, items,
+                                 shows_progress(scorer)) if trec else {})
         for m in metrics:
             if m.startswith("acc_"):
                 trials: list = []
                 results[method][m] = accuracy_at_n(partial(prepared.score, method), relevant, int(m[4:]),
-                                                   corpus_size=len(dids), seed=seed, trials_out=trials)
+                                                   corpus_size=len(dids), seed=seed, trials_out=trials,
+                                                   show_progress=shows_progress(scorer))
                 if items is not None:
                     per_item = items.setdefault(method, {"per_query": {}})["per_query"]
                     for q, positive, won in trials:
@@ -79,12 +89,12 @@ def run_reranking(data: TaskData, scorer, metrics: Sequence[str], items: dict | 
     results = {}
     for method in scorer.methods:
         run = {}
-        for qi, qid in enumerate(_lists(qids, data, method)):
+        for qi, qid in enumerate(_lists(qids, data, method, shows_progress(scorer))):
             cands = list(data.qrels[qid])
             s = _finite(prepared.score(method, qi, [position[d] for d in cands]), data,
                         f"a candidate of query {data.queries[qid]!r} ({method})")
             run[qid] = dict(zip(cands, s.tolist()))
-        results[method] = _trec(run, data, metrics, method, items)
+        results[method] = _trec(run, data, metrics, method, items, shows_progress(scorer))
     return results
 
 
@@ -139,21 +149,21 @@ def run_candidates(data: TaskData, scorer, metrics: Sequence[str], items: dict |
     results = {}
     for method in scorer.methods:
         run = {}
-        for qi, qid in enumerate(_lists(qids, data, method)):
+        for qi, qid in enumerate(_lists(qids, data, method, shows_progress(scorer))):
             cands = [d for d in data.candidates[qid] if safeguard or d != data.safeguards.get(qid)]
             cands = shuffled(qid, cands)
             s = _finite(prepared.score(method, qi, [position[d] for d in cands]).astype(np.float32), data,
                         f"a candidate of query {data.queries[qid]!r} ({method})")
             order = np.lexsort((np.arange(len(cands)), -s))  # score descending, then the shuffled order
             run[qid] = {cands[i]: float(len(cands) - rank) for rank, i in enumerate(order)}
-        results[method] = _trec(run, data, metrics, method, items)
+        results[method] = _trec(run, data, metrics, method, items, shows_progress(scorer))
     return results
 
 
-def _lists(qids: list[str], data: TaskData, method: str):
+def _lists(qids: list[str], data: TaskData, method: str, show: bool):
     """The queries of a candidate-list run, with a progress bar: a cross-encoder scores each list for seconds
     (care.retrieval.rerank), where an encoder's dot products take none and the bar is gone at once."""
-    return tqdm(qids, desc=f"score {data.type} lists ({method})", unit="query", leave=False)
+    return progress(qids, desc=f"score {data.type} lists ({method})", unit="query", leave=False, enabled=show)
 
 
 RUNNERS = {"retrieval": run_retrieval, "reranking": run_reranking, "sts": run_sts, "candidates": run_candidates}

@@ -9,9 +9,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-from tqdm.auto import tqdm
 
 from care.data.io import DataError
+from care.progress import progress
 
 QK = 32  # weights per Q4_0 block
 Q4_BLOCK = np.dtype([("d", "<f2"), ("qs", "u1", (QK // 2,))])  # 18 bytes: fp16 scale, 16 bytes of nibbles
@@ -138,7 +138,7 @@ def state_dict(e5: E5Bin) -> dict:
     if missing or extra:
         raise DataError(e5.path, None, "tensor directory", f"missing tensors {missing[:5]}, unexpected {extra[:5]}")
     out = {}
-    for name in tqdm(layout, desc="dequantising", unit="tensor"):
+    for name in progress(layout, desc="dequantising", unit="tensor"):
         dtype, count, data = e5.tensors[name]
         key, shape = layout[name]
         if count != int(np.prod(shape)):

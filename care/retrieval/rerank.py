@@ -15,9 +15,9 @@ import time
 from collections.abc import Sequence
 
 import numpy as np
-from tqdm.auto import tqdm
 
 from care.encoders.cross_encoder import CrossEncoder
+from care.progress import progress
 
 RERANK = "rerank"
 
@@ -51,7 +51,8 @@ class RerankedPair:
         """Every (query, pooled document) pair in one call, so batches mix queries (fewer, fuller batches)."""
         queries = [self.queries[qi] for qi, pool in enumerate(pools) for _ in pool]
         docs = [self.docs[j] for pool in pools for j in pool.tolist()]
-        with tqdm(total=len(queries), desc=f"rerank {self.task or ''} top {self.scorer.k}", unit="pair", leave=False) as bar:
+        with progress(total=len(queries), desc=f"rerank {self.task or ''} top {self.scorer.k}", unit="pair", leave=False,
+                      enabled=self.scorer.show_progress) as bar:
             scores = self.scorer.cross.score_pairs(queries, docs, self.scorer.batch_size, progress=bar).astype(np.float64)
         return np.split(scores, np.cumsum([len(p) for p in pools])[:-1])
 
@@ -65,9 +66,9 @@ class RerankerScorer:
     tasks = ("retrieval", "reranking", "candidates")
 
     def __init__(self, cross: CrossEncoder, retriever=None, k: int = 100, retriever_method: str = "dense",
-                 batch_size: int = 32, label: str | None = None):
+                 batch_size: int = 32, label: str | None = None, show_progress: bool = True):
         self.cross, self.retriever, self.k, self.retriever_method = cross, retriever, int(k), retriever_method
-        self.batch_size = int(batch_size)
+        self.batch_size, self.show_progress = int(batch_size), show_progress
         self.name, self.label = cross.name, label or cross.name
         self._timing_docs: list[str] = []
 

@@ -19,7 +19,8 @@ from dataclasses import dataclass
 import numpy as np
 import xxhash
 from datasketch import MinHash, MinHashLSH
-from tqdm.auto import tqdm
+
+from care.progress import progress
 
 # The recipe's hash family and seed.  xxh32 instead of datasketch's default SHA-1 hashes the shingles
 # ~1.8x faster (measured, 9.5K texts); conf/dedup/default.yaml's minhash.seed is this seed.
@@ -65,15 +66,15 @@ def reference_pairs(left: Sequence[set], right: Sequence[set] | None, threshold:
     lsh = MinHashLSH(num_perm=num_perm, params=(bands, rows_per_band))
     kept = []  # the self-join queries with the signatures it indexed
     with lsh.insertion_session() as session:
-        for i, m in enumerate(tqdm(signatures(left, num_perm, seed), total=len(left), desc=f"{desc}: hash",
-                                   disable=not show_progress, unit="text", mininterval=2)):
+        for i, m in enumerate(progress(signatures(left, num_perm, seed), total=len(left), desc=f"{desc}: hash",
+                                       enabled=show_progress, unit="text", mininterval=2)):
             session.insert(i, m, check_duplication=False)
             if right is None:
                 kept.append(m)
     probes, other = (kept, left) if right is None else (signatures(right, num_perm, seed), right)
     found, candidates = [], 0
-    for p, m in enumerate(tqdm(probes, total=len(other), desc=f"{desc}: verify", disable=not show_progress,
-                               unit="text", mininterval=2)):
+    for p, m in enumerate(progress(probes, total=len(other), desc=f"{desc}: verify", enabled=show_progress,
+                                   unit="text", mininterval=2)):
         for q in lsh.query(m):
             if right is None and q <= p:
                 continue  # each pair once

@@ -13,8 +13,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
-from tqdm.auto import tqdm
 
+from care.progress import progress
 from care.retrieval.index import build_index, flat_index, unit_rows, uses_gpu
 
 # GPU FAISS's flat index answers at most this many neighbours per query.
@@ -67,7 +67,7 @@ def cosine_pairs(vectors: np.ndarray, threshold: float, search: str = "auto", to
     # FAISS's inner-product range search returns scores strictly above the radius; step one float below.
     radius = float(np.nextafter(np.float32(threshold), np.float32(-np.inf)))
     rows, cols, sims, saturated = [], [], [], 0
-    for s in tqdm(range(0, n, block), desc=f"semantic: {method} search", disable=not show_progress, unit="block"):
+    for s in progress(range(0, n, block), desc=f"semantic: {method} search", enabled=show_progress, unit="block"):
         xq, qid = x[s:s + block], np.arange(s, min(s + block, n))
         if method == "range":
             lims, d, i = index.range_search(xq, radius)
@@ -90,7 +90,7 @@ def nearest_neighbour_cosine(vectors: np.ndarray, block: int = 4096, use_gpu: bo
         return np.zeros(0, np.float32)
     index = flat_index(x, use_gpu)
     out = np.empty(n, np.float32)
-    for s in tqdm(range(0, n, block), desc="semantic: nearest neighbours", disable=not show_progress, unit="block"):
+    for s in progress(range(0, n, block), desc="semantic: nearest neighbours", enabled=show_progress, unit="block"):
         D, I = index.search(x[s:s + block], 2)
         own = I[:, 0] == np.arange(s, s + len(I))  # with exact copies the top hit may be another row
         out[s:s + len(I)] = np.where(own, D[:, 1], D[:, 0])
