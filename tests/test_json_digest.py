@@ -3,7 +3,9 @@ hashed `json.dumps(...)` by hand (run config hashes, recipe groups, encoder and 
 fingerprint, the ONNX export key, the mteb data revision) computes on fixed inputs the same characters as its old
 expression, written out here literally, with its own options (sort_keys, ensure_ascii, default) and length
 (12, 16, 24).  The pinned values were printed by the code before the helper existed: a stored cache entry,
-stage output or run folder keyed by one of them stays valid."""
+stage output or run folder keyed by one of them stays valid.  BM25's fingerprint keeps its own expression:
+care/retrieval/bm25.py is part of the Nano stage's code fingerprint (data_pipeline/nano/stage.py CODE), so any
+edit of it rebuilds every stored Nano folder; its test holds it to the same expression all the same."""
 from __future__ import annotations
 
 import hashlib

@@ -18,6 +18,8 @@ its term score once per occurrence: bm25s sums over the query's token list, not 
 """
 from __future__ import annotations
 
+import hashlib
+import json
 import logging
 import time
 from collections.abc import Callable, Sequence
@@ -25,8 +27,6 @@ from collections.abc import Callable, Sequence
 import bm25s
 import jieba
 import numpy as np
-
-from care.data.io import json_digest
 
 jieba.setLogLevel(logging.WARNING)
 logging.getLogger("bm25s").setLevel(logging.WARNING)  # it logs every index build at DEBUG
@@ -115,7 +115,7 @@ class BM25Scorer:
         # keep a matching fingerprint
         if (self.method, self.tokenizer) != (DEFAULT_METHOD, DEFAULT_TOKENIZER):
             settings |= {"method": self.method, "tokenizer": self.tokenizer}
-        return json_digest(settings, 16)  # unsorted keys, as first stored
+        return hashlib.sha256(json.dumps(settings).encode()).hexdigest()[:16]
 
     def _prepare(self, queries: Sequence[str], docs: Sequence[str]) -> BM25Prepared:
         return BM25Prepared(queries, docs, self.k1, self.b, method=self.method, tokenizer=self.tokenize)
