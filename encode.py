@@ -4,7 +4,9 @@
     python encode.py model=me5_small benchmark=cmedteb_open                  every document text of its tasks
     torchrun --nproc_per_node=8 encode.py model=me5_small corpus=...         8 processes (a GPU each, if any)
 
-Made for asymmetric models whose document tower is a large LLM run offline (CARE), but any Encoder works.
+Made for asymmetric models whose document tower is a large LLM run offline (CARE), but any model that gives
+vectors works (its family's `outputs`, care/families.py: dense, sparse, ColBERT); a reranker (pair scores,
+no vectors) is refused in one line.
 The texts (each once, in a fixed order: the text store's lines, then each benchmark's documents task by
 task) are cut into shards of `shard_size`; process r of N encodes shards r, r+N, r+2N, ... and stores each
 as one chunk of the embedding cache (care.encoders.cache: written atomically, named by the shard's texts,
@@ -33,6 +35,7 @@ from care.encoders import Encoder, build_encoder
 from care.encoders.cache import EmbeddingCache
 from care.errors import app_errors
 from care.evaluation import corpora
+from care.families import EMBEDDINGS, require
 from care.progress import progress
 from data_pipeline import benchmarks as builders
 
@@ -82,14 +85,6 @@ def make_shards(encoder: Encoder, groups: list[tuple[str | None, list[str]]], si
     return shards
 
 
-def select_heads(encoder: Encoder, wanted) -> tuple[str, ...]:
-    """The heads evaluation's scorer uses for `heads=` (care.retrieval.scorer.EncoderScorer): part of the key."""
-    heads = tuple(h for h in encoder.heads if wanted is None or h in wanted)
-    if "dense" not in heads:
-        raise ValueError(f"{encoder.name}: heads={list(wanted)} leaves out the dense head, which is always encoded")
-    return heads
-
-
 def documents(encoder: Encoder, cfg: dict, heads: tuple[str, ...], task: str | None):
     """The document side, as a function of the texts the cache asks for (no progress bar: one per shard)."""
     def encode_texts(texts: list[str]):
@@ -113,13 +108,14 @@ def encode(cfg: DictConfig | dict, accelerator=None, on_shard=None) -> dict:
     from accelerate.utils import gather_object
 
     cfg = OmegaConf.to_container(cfg, resolve=True) if isinstance(cfg, DictConfig) else dict(cfg)
+    model = corpora.model_from_app_config(cfg)
+    require(model, "encode.py", needs=EMBEDDINGS)  # before any work: a reranker's pair scores are no vectors
     acc = accelerator or make_accelerator(cfg)
     rank, world, main = acc.process_index, acc.num_processes, acc.is_main_process
     with acc.main_process_first():  # a stand-in benchmark is built by the main process, then read by all
         groups, counts = corpus_groups(cfg, show_progress=main)
-    model = corpora.model_from_app_config(cfg)
     encoder = build_encoder(model, device=str(acc.device), backend=cfg.get("backend", "auto"))
-    heads = select_heads(encoder, cfg.get("heads"))
+    heads = encoder.select_heads(cfg.get("heads"))  # as evaluation's scorer picks them: part of the cache key
     shards = make_shards(encoder, groups, int(cfg["shard_size"]))
     cache = EmbeddingCache(cfg["cache"]["dir"])
     fingerprints = list(dict.fromkeys(s.fingerprint for s in shards))

@@ -21,6 +21,7 @@ import care  # noqa: F401  (registers the ${paths:...} resolver)
 from care.allocator import keep_freed_memory
 from care.config import CONF_DIR
 from care.errors import app_errors
+from care.families import require
 
 APP = "python -m data_pipeline"
 
@@ -38,6 +39,10 @@ ORDER = [name for name in STAGES if name not in ON_REQUEST]
 # Named sets of stages: `all`, and `training` = what train.py and evaluate.py read (the Nano splits are
 # `make nano`'s: no table of `make run` uses them, and they take most of a fresh pipeline's time).
 SETS = {"all": ORDER, "training": [name for name in ORDER if name != "nano"]}
+# The nano stage's `model=` must give dense vectors from one network (its candidate lists, keyed by one weights
+# folder), asked here before it starts: the stage's own code is part of its fingerprint (nano/stage.py CODE), so a
+# check there would rebuild every stored Nano folder.  The dedup and mine stages ask in their run().
+NEEDS_ONE_DENSE_NETWORK = ("nano",)
 
 
 def stage_names(stage) -> list[str]:
@@ -61,6 +66,8 @@ def main(cfg: DictConfig) -> None:
         start = time.perf_counter()
         # bad input (the message names file and item), a full disk, a corrupt file, Ctrl-C: one line
         with app_errors(APP, cfg, writes_to=cfg.get("data_dir"), where=f"in stage {name}"):
+            if name in NEEDS_ONE_DENSE_NETWORK:
+                require(cfg.model, f"the {name} stage", one_backbone=True)
             stage = importlib.import_module(STAGES[name])
             stats = stage.run(cfg)
         rows.append((name, time.perf_counter() - start, stage.summary(stats or {})))

@@ -31,6 +31,7 @@ from care.data.stage_start import stage_start
 from care.encoders import Encoder, build_encoder
 from care.encoders.cache import EmbeddingCache, embed
 from care.encoders.prompts import legacy_keyed
+from care.families import require
 from care.models.hub import weights_digest
 from care.retrieval.index import build_index, unit_rows
 from data_pipeline.build import export_flag
@@ -163,6 +164,7 @@ def plot_histogram(path: Path, neighbour_sims: np.ndarray, kept: list[float], fi
 
 
 def run(cfg: DictConfig) -> dict:
+    require(cfg.model, "the mine stage", one_backbone=True)  # dense vectors, keyed by one weights folder
     opts = OmegaConf.to_container(cfg.mine, resolve=True)
     if opts["similarity"] not in SIMILARITY:
         raise ValueError(f"mine.similarity must be one of {SIMILARITY}, not {opts['similarity']!r}")

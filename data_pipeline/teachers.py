@@ -206,8 +206,8 @@ class BiEncoderTeacher:
         self.cache = EmbeddingCache(opts["embedding_cache"]) if opts.get("embedding_cache") else None
         self.scorer = EncoderScorer(self.encoder, self.cache, batch_size=int(opts["batch_size"]),
                                     heads=opts.get("heads"), hybrid_weights=opts.get("hybrid_weights"))
-        self.method = "hybrid" if "hybrid" in self.scorer.methods else "dense"
-        self.scale = ("dense inner product" if self.method == "dense" else
+        self.method = "hybrid" if "hybrid" in self.scorer.methods else self.scorer.methods[0]  # its one head
+        self.scale = (f"{self.method} inner product" if self.method != "hybrid" else
                       "hybrid of " + " + ".join(f"{w:g}*{h}" for h, w in self.scorer.hybrid_weights.items()
                                                 if h in self.scorer.heads and w) + " (/ their sum)")
 

@@ -116,6 +116,8 @@ class Recorder:
     a text's vector is [its length, 1 + (sum of its code points mod 7)]."""
 
     name, heads = "recorder", ("dense",)
+    # what the Encoder interface says of a model (care/encoders/base.py): no torch network, widths unstated
+    networks, dense_width, max_tokens, unit_vectors, backend = {}, None, None, True, "torch"
 
     def __init__(self):
         from care.encoders.prompts import Prompts

@@ -1,10 +1,15 @@
-"""The family seam (issue #34): every "which family is this model?" is answered by care/families.py alone.
+"""The family seam (issues #34, #42): every "which family is this model?" is answered by care/families.py alone.
 
 - A grep over every source file of the library, the stages, the benchmarks and the apps finds no family
   branch outside care/families.py: no `kind` compared with a family's name, no config probed for its towers'
   keys, no table keyed by family names, no second default kind (at 017c3b3 it found 39, on 35 lines of 15
   files).  The scanner is held to hand-written lines that are and are not branches (the independent
   reference).
+- A walk of the same files' syntax trees finds no class probe: no `isinstance` / `issubclass` of a class a
+  family names (its encoder or trainer), no `getattr` / `hasattr` on an encoder (what an encoder is, it says
+  through the Encoder interface, care/encoders/base.py).  At ece40fe it found 14 (the mteb adapter 13,
+  validation 1); the walker is held to hand-written lines too.
+- `register_family` is the one way into FAMILIES, and refuses a malformed family in one line.
 - The registry recognises each family from a model config and from a folder written as the project writes
   it (conftest.py's tiny BERT; an M3 folder saved by care.models.m3; CARE towers built by
   care.encoders.build.towers with a training record), and every hook it names imports from its own layer
@@ -12,12 +17,23 @@
 """
 from __future__ import annotations
 
+import ast
 import re
 from pathlib import Path
 
 import pytest
 
-from care.families import FAMILIES, HOOK_LAYERS, TWO_TOWERS, family_of, hook, tower_configs
+from care.families import (
+    FAMILIES,
+    HOOK_LAYERS,
+    PAIR_SCORES,
+    TWO_TOWERS,
+    Family,
+    family_of,
+    hook,
+    register_family,
+    tower_configs,
+)
 from care.paths import PROJECT_ROOT
 
 REGISTRY = PROJECT_ROOT / "care" / "families.py"
@@ -71,6 +87,94 @@ def test_no_family_branch_outside_the_registry():
     found = [f"{p.relative_to(PROJECT_ROOT)}:{line}: {what}" for p in sources()
              for line, what in family_branches(p.read_text(encoding="utf-8"))]
     assert found == [], f"{len(found)} family branches outside care/families.py:\n" + "\n".join(found)
+
+
+# ---- class probes (issue #42) ---------------------------------------------------------------------------
+
+def family_classes() -> set[str]:
+    """The names of the classes the families name (their encoder and trainer hooks): what a probe tests for."""
+    return {spec.partition(":")[2] for f in FAMILIES.values() for spec in (f.encoder, f.trainer) if spec}
+
+
+def _last_name(node: ast.AST) -> str:
+    """`encoder` of `encoder`, `self.encoder`, `model.cross_encoder`; "" for anything else."""
+    return node.id if isinstance(node, ast.Name) else node.attr if isinstance(node, ast.Attribute) else ""
+
+
+def class_probes(text: str, classes: set[str]) -> list[tuple[int, str]]:
+    """(line, what) for every class probe in a source text: isinstance / issubclass against one of `classes`
+    (a name or a tuple of names, plain or dotted), getattr / hasattr on an object whose name says it is an
+    encoder (`encoder`, `self.encoder`, `cross_encoder`, ...)."""
+    hits = []
+    for node in ast.walk(ast.parse(text)):
+        if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.args):
+            continue
+        fn = node.func.id
+        if fn in ("isinstance", "issubclass") and len(node.args) == 2:
+            target = node.args[1]
+            names = {_last_name(e) for e in (target.elts if isinstance(target, ast.Tuple) else [target])}
+            for name in sorted(names & classes):
+                hits.append((node.lineno, f"{fn} of {name}"))
+        elif fn in ("getattr", "hasattr") and re.search(r"encoder", _last_name(node.args[0]), re.I):
+            attr = node.args[1].value if len(node.args) > 1 and isinstance(node.args[1], ast.Constant) else "?"
+            hits.append((node.lineno, f"{fn} {attr!r} of an encoder"))
+    return sorted(set(hits))
+
+
+@pytest.mark.parametrize(("line", "probe"), [
+    ("if isinstance(encoder, CAREEncoder): pass", True),
+    ("if isinstance(enc, (HFDenseEncoder, M3Encoder)): pass", True),
+    ("ok = isinstance(x, care.encoders.cross_encoder.CrossEncoder)", True),
+    ("ok = issubclass(cls, CAREFamily)", True),
+    ('towers = getattr(encoder, "towers", None)', True),
+    ('n = getattr(self.encoder, "truncate_dim", None)', True),
+    ('if hasattr(cross_encoder, "score_pairs"): pass', True),
+    ("if isinstance(encoder, Encoder): pass", False),           # the interface itself, not a family's class
+    ("model = encoder if isinstance(encoder, MtebEncoder) else MtebEncoder(encoder)", False),  # an adapter
+    ('inner = getattr(module, "model", module)', False),      # a torch module, not an encoder
+    ('if getattr(task, "care_data", None): pass', False),
+    ("if isinstance(towers, Mapping): pass", False),
+])
+def test_the_walker_tells_class_probes_from_other_code(line, probe):
+    assert bool(class_probes(line, family_classes())) is probe
+
+
+def test_the_walker_knows_every_family_class():
+    assert {"HFDenseEncoder", "M3Encoder", "CAREEncoder", "CrossEncoder", "CAREFamily"} <= family_classes()
+
+
+def test_no_class_probe_outside_the_registry():
+    classes = family_classes()
+    found = [f"{p.relative_to(PROJECT_ROOT)}:{line}: {what}" for p in sources()
+             for line, what in class_probes(p.read_text(encoding="utf-8"), classes)]
+    assert found == [], f"{len(found)} class probes outside care/families.py:\n" + "\n".join(found)
+
+
+def test_register_family_is_checked():
+    """The one entry point refuses a malformed family in one line; a family it takes is found by its kind."""
+    base = {"towers": (), "tag": "t", "description": "d", "encoder": "m:C"}
+    bad = [(Family("dense", **base), "registered already"),
+           (Family("x1", **{**base, "towers": ("query",)}), "towers="),
+           (Family("x2", **base, outputs=("dense", "bm25")), "outputs="),
+           (Family("x3", **base, outputs=("dense", PAIR_SCORES)), "come alone"),
+           (Family("x4", **{**base, "encoder": "no_colon"}), "encoder hook")]
+    for family, message in bad:
+        with pytest.raises(ValueError, match=message):
+            register_family(family)
+        assert family.name == "dense" or family.name not in FAMILIES
+    try:
+        assert register_family(Family("x5", **base, outputs=("sparse",))) is FAMILIES["x5"]
+        assert family_of({"kind": "x5"}).outputs == ("sparse",) and not family_of({"kind": "x5"}).cross_encoder
+    finally:
+        FAMILIES.pop("x5", None)
+
+
+def test_what_each_family_gives():
+    """Each family's outputs, and its encoder's heads the same (the first: what it gives by default)."""
+    assert {n: f.outputs for n, f in FAMILIES.items() if n in ("dense", "m3", "care", "reranker")} == {
+        "dense": ("dense",), "m3": ("dense", "sparse", "colbert"), "care": ("dense",), "reranker": (PAIR_SCORES,)}
+    assert [n for n, f in FAMILIES.items() if f.cross_encoder] == ["reranker"]
+    assert all(f.embeds != f.cross_encoder for f in FAMILIES.values())
 
 
 # ---- recognition ----------------------------------------------------------------------------------------

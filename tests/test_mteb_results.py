@@ -196,6 +196,7 @@ def test_cli_results_options(monkeypatch, tmp_path):
     class Stub:  # an encoder that states nothing about its network
         name, fingerprint, online_parameters, online_embedding_parameters = "my model", "ab" * 8, 10, 0
         prompts = __import__("care.encoders.prompts", fromlist=["Prompts"]).Prompts()
+        networks, dense_width, max_tokens, backend = {}, None, None, "torch"  # the Encoder interface's defaults
 
     meta = model_meta(Stub(), "cosine")
     assert (meta.name, meta.revision, meta.n_parameters, meta.n_embedding_parameters, meta.embed_dim) == (

@@ -270,11 +270,12 @@ class EmbeddingCache:
 
 
 def embed(encoder: Encoder, texts: Sequence[str], side: str, cache: EmbeddingCache | None = None,
-          batch_size: int = 32, heads: Sequence[str] = ("dense",), show_progress: bool = True,
+          batch_size: int = 32, heads: Sequence[str] | None = None, show_progress: bool = True,
           task: str | None = None) -> Embeddings:
     """`texts` embedded by `encoder` on `side` ("query" or "document"), through `cache` when given: the one
     way evaluation, mining and dedup encode.  The cache is keyed by that side's fingerprint only, so a
-    document cache survives a new query tower."""
+    document cache survives a new query tower.  `heads` None: the encoder's `default_heads` (its first)."""
+    heads = encoder.default_heads if heads is None else tuple(heads)
     encode_side = encoder.encode_queries if side == "query" else encoder.encode_documents
 
     def encode(todo: list[str]) -> Embeddings:

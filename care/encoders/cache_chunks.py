@@ -1,8 +1,8 @@
 """One chunk file of the embedding cache (care.encoders.cache): the arrays it holds, their digests, and how it
 is written, read back with checks, or moved aside.
 
-A chunk is one numpy .npz: `keys` (one 16-byte text key per row), `dense`, the optional sparse (CSR) and
-ColBERT arrays, `fingerprint` (the side fingerprint it was written under) and `digests`.  It is written to a
+A chunk is one numpy .npz: `keys` (one 16-byte text key per row), the arrays of the heads it holds (`dense`,
+sparse in CSR, ColBERT; the heads are in its folder's name, care.encoders.cache), `fingerprint` (the side fingerprint it was written under) and `digests`.  It is written to a
 temporary file and renamed into place, so an interrupted run never leaves a half chunk.
 
 Every chunk carries the xxh3_128 digest of each of its arrays (dtype, shape and raw bytes), in the `digests`
@@ -78,8 +78,10 @@ def _mismatch(arrays: dict[str, np.ndarray], stored: np.ndarray, complete: bool)
 
 
 def _pack(keys: list[bytes], emb: Embeddings, fingerprint: str) -> dict[str, np.ndarray]:
-    arrays = {"keys": np.array(keys, dtype="V16"), "dense": np.asarray(emb.dense, np.float32),
-              FINGERPRINT: np.array(fingerprint)}
+    arrays = {"keys": np.array(keys, dtype="V16")}
+    if emb.dense is not None:
+        arrays["dense"] = np.asarray(emb.dense, np.float32)
+    arrays[FINGERPRINT] = np.array(fingerprint)
     if emb.sparse is not None:
         # CSR layout: row i's token ids are indices[indptr[i]:indptr[i+1]].
         arrays["sparse_indptr"] = np.cumsum([0] + [len(d) for d in emb.sparse]).astype(np.int64)
@@ -95,7 +97,7 @@ def _pack(keys: list[bytes], emb: Embeddings, fingerprint: str) -> dict[str, np.
 
 def unpack_rows(arrays, rows: np.ndarray) -> Embeddings:
     """Embeddings for the given row numbers of one chunk."""
-    dense = arrays["dense"][rows]
+    dense = arrays["dense"][rows] if "dense" in arrays else None
     sparse = colbert = None
     if "sparse_indptr" in arrays:
         ptr, idx, val = arrays["sparse_indptr"], arrays["sparse_indices"], arrays["sparse_values"]
@@ -107,7 +109,7 @@ def unpack_rows(arrays, rows: np.ndarray) -> Embeddings:
 
 
 def concat(parts: list[Embeddings]) -> Embeddings:
-    dense = np.concatenate([p.dense for p in parts])
+    dense = np.concatenate([p.dense for p in parts]) if parts[0].dense is not None else None
     sparse = [d for p in parts for d in p.sparse] if parts[0].sparse is not None else None
     colbert = [c for p in parts for c in p.colbert] if parts[0].colbert is not None else None
     return Embeddings(dense=dense, sparse=sparse, colbert=colbert)

@@ -95,6 +95,23 @@ class CAREEncoder(Encoder):
     def online_embedding_parameters(self) -> int:
         return self.towers["query"].model.get_input_embeddings().weight.numel()
 
+    @property
+    def networks(self) -> dict:
+        return dict(self.towers)
+
+    @property
+    def dense_width(self) -> int | None:
+        return int(self.towers["query"].dim) if self.towers["query"].dim else None  # documents are cut to it
+
+    @property
+    def max_tokens(self) -> int | None:
+        """The longest text either tower takes (documents, in practice)."""
+        return max((n for n in (t.spec.max_length for t in self.towers.values()) if n), default=None)
+
+    @property
+    def unit_vectors(self) -> bool:
+        return False  # documents are cut after normalising (docs/facts.md s.1)
+
     def tokenize(self, texts: list[str], side: str) -> dict[str, torch.Tensor]:
         """Already-prompted texts as the side's tower takes them (on the CPU)."""
         return self.towers[side].tokenize(texts)

@@ -159,6 +159,22 @@ class HFDenseEncoder(Encoder):
     def online_embedding_parameters(self) -> int:
         return self.model.get_input_embeddings().weight.numel()
 
+    @property
+    def networks(self) -> dict:
+        return {"query": self.model, "document": self.model}
+
+    @property
+    def dense_width(self) -> int:
+        return int(self.truncate_dim or self.model.config.hidden_size)
+
+    @property
+    def max_tokens(self) -> int:
+        return self.max_length
+
+    @property
+    def unit_vectors(self) -> bool:
+        return bool(self.normalize) and not self.truncate_dim  # a cut unit vector is shorter than 1
+
     def hidden_states(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
         """The last hidden states of a tokenised batch, by the encoder's backend."""
         if self._onnx is not None:

@@ -84,6 +84,22 @@ class M3Encoder(Encoder):
     def online_embedding_parameters(self) -> int:
         return self.model.backbone.get_input_embeddings().weight.numel()
 
+    @property
+    def networks(self) -> dict:
+        return {"query": self.model, "document": self.model}
+
+    @property
+    def dense_width(self) -> int:
+        return int(self.truncate_dim or self.model.config.hidden_size)
+
+    @property
+    def max_tokens(self) -> int:
+        return self.max_length
+
+    @property
+    def unit_vectors(self) -> bool:
+        return not self.truncate_dim  # normalised at full width, a cut vector is shorter than 1
+
     def _step(self, texts: list[str], heads: Sequence[str]) -> list[tuple]:
         batch = self.tokenizer(texts, padding=True, truncation=True, max_length=self.max_length,
                                return_tensors="pt").to(self.device)

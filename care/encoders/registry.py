@@ -5,6 +5,11 @@ dense  one backbone, pooled and normalised (multilingual-e5-small, bge-large-zh,
 m3     BGE-M3 style: one backbone, dense + sparse + ColBERT heads (care.encoders.m3)
 care   two towers: a small query tower online, a large document tower offline (care.encoders.care);
        `query.backend: torch | onnx` runs the query tower's backbone in torch or ONNX Runtime
+reranker  a cross-encoder: one score per (query, passage) pair, no vectors (care.encoders.cross_encoder)
+
+One contract per output (care.families `outputs`): `build_encoder` returns an Encoder, for every family that
+gives vectors; `build_pair_scorer` a PairScorer, for a family that gives pair scores.  Each refuses the other
+kind of family in one line naming it.
 
 `detect(folder, model_cfg)` says which model config builds a folder: a training run's final/ records its
 own, a folder holding a family's marker files (an M3 checkpoint's head files) is of that family, any other
@@ -17,10 +22,10 @@ from pathlib import Path
 from omegaconf import DictConfig, OmegaConf
 
 from care.data.io import read_json
-from care.encoders.base import Encoder
+from care.encoders.base import Encoder, PairScorer
 from care.encoders.onnx_backend import resolve_backend
 from care.encoders.prompts import LEGACY_TOWER_KEY
-from care.families import FAMILIES, family_of, hook
+from care.families import EMBEDDINGS, FAMILIES, PAIR_SCORES, family_of, hook, require
 
 TRAINING_RECORD = "care_training.json"  # written by the trainer beside every model it saves
 CHECKPOINT_MODEL = "model"  # inside a training checkpoint (checkpoints/step-N/): its weights as a model folder
@@ -30,13 +35,23 @@ def build_encoder(cfg: DictConfig | dict, device: str | None = None, backend: st
     """The encoder of a model config for inference: its family's Encoder class (care.families) built by
     `from_config`.  `backend` fills the family's backend option when the config names none (`auto`: ONNX
     Runtime fp32 on the CPU when onnxruntime is installed, else torch; care/encoders/onnx_backend.py
-    resolve_backend); a backend the config names is kept.  Training builds its encoders itself, in torch."""
+    resolve_backend); a backend the config names is kept.  Training builds its encoders itself, in torch.
+    A family that gives no vectors (a reranker's pair scores) is refused in one line: build_pair_scorer."""
     c = OmegaConf.to_container(cfg, resolve=True) if isinstance(cfg, DictConfig) else dict(cfg)
-    family = family_of(c)
+    family = require(c, "as an Encoder (build_encoder)", needs=EMBEDDINGS, instead="it is built by build_pair_scorer "
+                     "(care/encoders/registry.py), scored by evaluate.py and serves the score stage as a teacher")
     if family.backend is not None:
         side = dict(c[family.backend]) if family.backend else c
         side["backend"] = resolve_backend(side.get("backend", backend), device)
         c = {**c, family.backend: side} if family.backend else side
+    return hook(family, "encoder").from_config(c, device)
+
+
+def build_pair_scorer(cfg: DictConfig | dict, device: str | None = None) -> PairScorer:
+    """The pair scorer of a model config whose family gives pair scores (care.families PAIR_SCORES: a
+    cross-encoder reranker), built by its class's `from_config`; any other family is refused in one line."""
+    c = OmegaConf.to_container(cfg, resolve=True) if isinstance(cfg, DictConfig) else dict(cfg)
+    family = require(c, "as a pair scorer (build_pair_scorer)", needs=(PAIR_SCORES,), instead="build_encoder builds it")
     return hook(family, "encoder").from_config(c, device)
 
 

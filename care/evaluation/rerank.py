@@ -13,7 +13,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from care.config import model_config
-from care.encoders import build_encoder, detect
+from care.encoders import build_encoder, build_pair_scorer, detect
 from care.encoders.cache import EmbeddingCache
 from care.evaluation.corpora import evaluation_model
 from care.retrieval.rerank import RerankerScorer
@@ -32,7 +32,7 @@ def retriever_config(name: str, cfg: dict) -> dict:
 
 def reranker_scorer(entry: dict, cfg: dict, cache: EmbeddingCache) -> RerankerScorer:
     r = cfg["rerank"]  # conf/evaluate.yaml
-    cross = build_encoder(evaluation_model(entry["model"], cfg.get("max_length")), device=cfg.get("device"))
+    cross = build_pair_scorer(evaluation_model(entry["model"], cfg.get("max_length")), device=cfg.get("device"))
     first = retriever_config(r["retriever"], cfg)
     encoder = build_encoder(evaluation_model(first, cfg.get("max_length")), device=cfg.get("device"),
                             backend=cfg.get("backend", "auto"))  # as its own row runs (conf/evaluate.yaml)

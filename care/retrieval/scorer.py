@@ -1,11 +1,12 @@
 """The scorer the task runners call for any care.encoders.Encoder, with the embedding cache in between.
 
-Scoring methods: `dense` always (exact inner-product search over the whole corpus); `sparse` and
-`colbert` when the encoder has those heads, and `hybrid` = weighted mean of the available heads
-(FlagEmbedding's M3 combination, weights from the config).  Sparse retrieval is exact over the whole
-corpus (a sparse matrix product); ColBERT and hybrid retrieval rescore the union of the dense and sparse
-top `rerank_depth` documents, as FlagEmbedding's M3 evaluation does: exhaustive ColBERT scoring of a
-corpus is not affordable on a CPU.
+Scoring methods: one per head the encoder gives (its family's `outputs`, care/families.py), its first
+head always (Encoder.select_heads), and `hybrid` = weighted mean of the available heads when there are
+several (FlagEmbedding's M3 combination, weights from the config).  The heads that rank a whole corpus on
+their own (FIRST_STAGE) do so exactly: dense by inner-product search (a flat index), sparse by a sparse
+matrix product.  ColBERT and hybrid retrieval rescore the union of those heads' top `rerank_depth`
+documents, as FlagEmbedding's M3 evaluation does: exhaustive ColBERT scoring of a corpus is not affordable
+on a CPU.
 """
 from __future__ import annotations
 
@@ -18,6 +19,9 @@ from care.encoders import Embeddings, Encoder
 from care.encoders.cache import EmbeddingCache, embed
 from care.encoders.scores import colbert_score, lexical_score
 from care.retrieval.index import flat_index, sparse_matrix, top_k, unit_rows
+
+#: the heads that rank a whole corpus on their own (exactly); ColBERT and hybrid rescore their top documents
+FIRST_STAGE = ("dense", "sparse")
 
 
 class EncodedPair:
@@ -47,8 +51,10 @@ class EncodedPair:
 
     def search(self, depth: int, block: int = 256) -> dict[str, tuple[np.ndarray, np.ndarray]]:
         k = min(depth, len(self.d))
-        scores, indices = flat_index(self.d.dense).search(np.ascontiguousarray(self.q.dense, np.float32), k)
-        out = {"dense": (indices, scores)}
+        out = {}
+        if "dense" in self.methods:  # exact: a flat inner-product index
+            scores, indices = flat_index(self.d.dense).search(np.ascontiguousarray(self.q.dense, np.float32), k)
+            out["dense"] = (indices, scores)
         if "sparse" in self.methods:  # exact: a sparse product, one block of queries at a time
             parts = [top_k((self.q_sparse[s:s + block] @ self.d_sparse.T).toarray(), k)
                      for s in range(0, len(self.q), block)]
@@ -63,7 +69,7 @@ class EncodedPair:
         val = np.full((len(self.q), k), -np.inf, dtype=np.float32)
         for qi in range(len(self.q)):
             pool = np.unique(np.concatenate([first_stage[h][0][qi, :self.rerank_depth]
-                                             for h in ("dense", "sparse") if h in first_stage]))
+                                             for h in FIRST_STAGE if h in first_stage]))
             pool = pool[pool >= 0]
             s = self.score(method, qi, pool)
             order = np.argsort(-s, kind="stable")[:k]
@@ -83,10 +89,10 @@ class EncoderScorer:
         # fingerprint of its starting folder) must be encoded afresh every time
         self.cached_sides = tuple(cached_sides)
         self.batch_size, self.rerank_depth, self.show_progress = batch_size, rerank_depth, show_progress
-        wanted = encoder.heads if heads is None else heads
-        self.heads = tuple(h for h in encoder.heads if h in wanted)
-        if "dense" not in self.heads:
-            raise ValueError(f"{encoder.name}: dense scoring is always evaluated; heads={list(wanted)}")
+        self.heads = encoder.select_heads(heads)  # its first head always
+        if not any(h in FIRST_STAGE for h in self.heads):
+            raise ValueError(f"{encoder.name}: its heads {list(self.heads)} hold none that ranks a corpus on its "
+                             f"own ({' or '.join(FIRST_STAGE)})")
         self.methods = self.heads + (("hybrid",) if len(self.heads) > 1 else ())
         self.hybrid_weights = dict(hybrid_weights or {"dense": 1.0, "sparse": 0.3, "colbert": 1.0})
         self.name, self.label = encoder.name, label or encoder.name
@@ -114,7 +120,7 @@ class EncoderScorer:
         """`doc_side="query"` embeds the documents with the query side too (STS: both sides are queries);
         `cosine` re-normalises dense vectors (STS compares directions, whatever the model's norms)."""
         q, d = self.embed(queries, "query", task), self.embed(docs, doc_side, task)
-        if cosine:
+        if cosine and q.dense is not None:
             q = Embeddings(unit_rows(q.dense), q.sparse, q.colbert)
             d = Embeddings(unit_rows(d.dense), d.sparse, d.colbert)
         return EncodedPair(q, d, self.methods, self.hybrid_weights, self.rerank_depth)
@@ -122,10 +128,10 @@ class EncoderScorer:
     # efficiency.py's hooks: raw encoding, no cache
     def time_documents(self, texts: Sequence[str]) -> float:
         start = time.perf_counter()
-        self.encoder.encode_documents(list(texts), batch_size=self.batch_size, heads=("dense",))
+        self.encoder.encode_documents(list(texts), batch_size=self.batch_size, heads=self.heads[:1])
         return time.perf_counter() - start
 
     def time_query(self, text: str) -> float:
         start = time.perf_counter()
-        self.encoder.encode_queries([text], batch_size=1, heads=("dense",))
+        self.encoder.encode_queries([text], batch_size=1, heads=self.heads[:1])
         return time.perf_counter() - start

@@ -37,6 +37,12 @@ from care.training.loss_terms import (
 TERMS = (*HEADS, "ensemble")
 
 
+def rows(representations: Mapping[str, torch.Tensor]) -> int:
+    """The number of texts a representation dict (M3Model.forward) holds: the rows of the first head it has,
+    whichever heads the model gives."""
+    return len(next(representations[h] for h in HEADS if h in representations))
+
+
 class M3Loss(nn.Module):
     """InfoNCE per head + optional ensemble term, self-distillation, teacher distillation and Matryoshka
     prefixes of the dense head; returns the total and every term.
@@ -118,9 +124,9 @@ class M3Loss(nn.Module):
     def forward(self, q: dict, p: dict, teacher_scores: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
         """q, p: representation dicts (M3Model.forward) of the queries and the whole pool; teacher_scores:
         (queries, group_size) raw teacher scores of each query's group, needed when teacher_weight > 0."""
-        group = pool_group_size(len(q["dense"]), len(p["dense"]), self.group_size)
+        group = pool_group_size(rows(q), rows(p), self.group_size)
         if self.teacher.on:
-            self.teacher.check(teacher_scores, len(q["dense"]), group)
+            self.teacher.check(teacher_scores, rows(q), group)
         q, p = ({k: at_least_fp32(v) if v.is_floating_point() else v for k, v in r.items()} for r in (q, p))
         scores = {}
         for h in self._needed_heads():

@@ -32,6 +32,7 @@ from torch.utils.data import DataLoader
 from tqdm.auto import tqdm
 from transformers import get_cosine_schedule_with_warmup
 
+from care.families import family_of
 from care.runlock import FORCE_KEY, lock_run_folder, release_lock_after, release_lock_on_error
 from care.training.checkpoint import AlreadyFinished, ResumeError, RunFolder, config_hash
 from care.training.data import TrainingGroups, collate_groups, require_training_files
@@ -138,7 +139,7 @@ class Trainer:
             self.optimizer, math.ceil(t.warmup_ratio * self.total_steps), self.total_steps)
         self.gradcache = GradCache(self.loss, t.chunk_size, acc, autocast=acc.autocast) if t.chunk_size else None
         v = cfg.validation
-        self.validator = Validator(v, getattr(self.family, "cache", None)) if v.task else None
+        self.validator = Validator(v, getattr(self.family, "cache", None), family_of(cfg.model)) if v.task else None
         self.stopper = EarlyStopping(v.patience, v.min_delta) if v.task else None
         self.step = self.epoch = self.batch_in_epoch = 0
         self.stop_reason = ""

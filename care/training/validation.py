@@ -25,10 +25,10 @@ from care.data.records import QueryCandidates, Text
 from care.data.sources import cmedqa_release
 from care.data.sources.common import Report
 from care.data.tasks import TaskData, load_task
-from care.encoders.base import Encoder
+from care.encoders.base import Encoder, PairScorer
 from care.encoders.cache import EmbeddingCache
-from care.encoders.cross_encoder import CrossEncoder
 from care.evaluation.tasks import run_reranking
+from care.families import Family, family_of
 from care.paths import shared_data
 from care.retrieval.rerank import RERANK, RerankerScorer
 from care.retrieval.scorer import EncoderScorer
@@ -96,16 +96,18 @@ def first_queries(data: TaskData, n: int | None) -> TaskData:
 
 class Validator:
     """`validator(encoder)` -> the dev metric of the model as it is now: each dev query's candidates
-    ranked by the summed scores of `validation.heads` (the hybrid of equal weights when several), or by a
-    cross-encoder's pair scores."""
+    ranked by the summed scores of `validation.heads` (the hybrid of equal weights when several), or, for a
+    family whose outputs are pair scores (a cross-encoder), by its pair scores."""
 
-    def __init__(self, v: DictConfig, cache: EmbeddingCache | None = None):
-        """`cache`: embeddings of a side that does not change in training (CARE stage I's frozen documents)."""
+    def __init__(self, v: DictConfig, cache: EmbeddingCache | None = None, family: Family | None = None):
+        """`cache`: embeddings of a side that does not change in training (CARE stage I's frozen documents);
+        `family`: the trained model's (care.families; None: `kind: dense`), which says what it gives."""
         self.metric, self.heads, self.batch_size, self.cache = v.metric, list(v.heads), v.batch_size, cache
+        self.family = family or family_of({})
         self.data = first_queries(load_task("reranking", ensure_dev_task(v)), v.max_queries)
 
-    def __call__(self, encoder: Encoder | CrossEncoder) -> float:
-        if isinstance(encoder, CrossEncoder):  # a reranker's live module: each candidate scored with its query
+    def __call__(self, encoder: Encoder | PairScorer) -> float:
+        if self.family.cross_encoder:  # a reranker's live module: each candidate scored with its query
             scorer, method = RerankerScorer(encoder, batch_size=self.batch_size), RERANK
         else:
             # only the frozen document side may come from the cache: the query side is the model being trained

@@ -22,6 +22,8 @@ mode=qa      the window of `mine.similarity=document` (query vs candidate answer
              query encoded as a query and each candidate as a document, the relevant-answer rate per
              interval; mine_doc_hi = where that rate reaches `crossing`, mine_doc_lo = the `mine_lo_quantile`
              quantile of the cosine of a query with another list's candidates.
+The modes that encode (pairs, qa, export) take any model whose family gives dense vectors (care/families.py;
+CARE's too, its document or query side); any other (a reranker's pair scores) is refused in one line.
 Every mode writes `table.txt` and `calibration.json` under dedup.calibrate.out
 (default {data_dir}/calibrate/<model name>/).  Texts are encoded as documents (`side: doc`), as the dedup
 stage does; side=query measures the query side (question-question similarity, what mining compares).
@@ -42,6 +44,8 @@ from omegaconf import DictConfig, OmegaConf
 import care  # noqa: F401  (registers the ${paths:...} resolver)
 from care.config import CONF_DIR
 from care.data.io import atomic_open, read_jsonl, read_text_store, write_json, write_jsonl
+from care.errors import app_errors
+from care.families import require
 from care.progress import progress
 from data_pipeline.dedup.calibrate_labels import (
     export_pairs,
@@ -150,6 +154,7 @@ def run(cfg: DictConfig) -> dict:
     if mode in ("pairs", "qa", "export"):
         from care.encoders import build_encoder
 
+        require(cfg.model, "calibration")  # cosines of dense vectors
         encoder = build_encoder(cfg.model)
     if mode == "pairs":
         result = calibrate_pairs(cfg, encoder)
@@ -189,9 +194,13 @@ def run(cfg: DictConfig) -> dict:
     return result
 
 
+APP = "python -m data_pipeline.dedup.calibrate"
+
+
 @hydra.main(config_path=str(CONF_DIR), config_name="data_pipeline", version_base="1.3")
 def main(cfg: DictConfig) -> None:
-    run(cfg)
+    with app_errors(APP, cfg, writes_to=cfg.get("data_dir")):
+        run(cfg)
 
 
 if __name__ == "__main__":

@@ -55,11 +55,15 @@ def encoder_from_config(overrides: Sequence[str] | Mapping) -> Encoder:
     `max_length=...`, `device=...`)."""
     from care.encoders import build_encoder
     from care.evaluation.corpora import model_from_app_config
+    from care.families import DENSE, require
 
     cfg = overrides if isinstance(overrides, Mapping) else evaluate_config(overrides)
-    return build_encoder(model_from_app_config(cfg), device=cfg.get("device"))
+    model = model_from_app_config(cfg)
+    require(model, APP, needs=(DENSE,))  # mteb scores dense vectors (evaluate.py scores every family)
+    return build_encoder(model, device=cfg.get("device"))
 
 
+APP = "python -m care.evaluation.mteb_adapter"
 #: what main() needs told: one of these
 USAGE = ("say what to run: benchmark=<conf/benchmark name> (cmedteb_open: the open stand-in; cmedteb: your own "
          "copy, with benchmark.tasks.<slot>.path=...), tasks=<mteb task>[=<local copy>],... (e.g. "

@@ -1,12 +1,16 @@
 """Any project encoder as an mteb 2.x model, and mteb.evaluate on it.
 
     import_mteb()                     `import mteb`, its import-time result cache pointed at the project cache
+    dense_only(encoder, app)          refuse, in one line, an encoder without a dense head (mteb scores vectors)
     default_similarity(encoder)       "dot" for encoders whose dense vectors are not unit length, else "cosine"
     parameter_counts(encoder)         {total, online, embedding, online_embedding} parameters (both towers of CARE)
     embed_width(encoder)              the dense width (a tower's dim, truncate_dim, the hidden size)
     model_meta(encoder, similarity)   mteb's ModelMeta for the encoder (no loader: never resolved by name)
     MtebEncoder(encoder)              the encoder as an mteb EncoderProtocol (prompt type -> query/document side)
     mteb_evaluate(encoder, tasks)     mteb.evaluate, no progress bars; results=<folder>: mteb's result cache there
+
+What the model is (its networks, widths, token limit, whether its vectors are unit length) is asked of the
+Encoder interface (care/encoders/base.py), never probed by class or attribute (tests/test_family_seam.py).
 """
 from __future__ import annotations
 
@@ -41,27 +45,24 @@ def import_mteb():
     return mteb
 
 
+def dense_only(encoder: Encoder, app: str = "mteb") -> Encoder:
+    """The encoder, when it gives dense vectors (what mteb and this adapter score); else one line saying so."""
+    if "dense" not in encoder.heads:
+        raise ValueError(f"{app}: {encoder.name} gives {', '.join(encoder.heads)} but no dense vectors, which mteb "
+                         f"scores; evaluate.py scores it")
+    return encoder
+
+
 def default_similarity(encoder: Encoder) -> str:
     """"dot" for encoders whose dense vectors are not unit length by design (evaluate.py scores every encoder
     by the dot product), else "cosine"."""
-    from care.encoders.care import CAREEncoder
-
-    if isinstance(encoder, CAREEncoder) or not getattr(encoder, "normalize", True) \
-            or getattr(encoder, "truncate_dim", None):
-        return "dot"
-    return "cosine"
+    return "cosine" if encoder.unit_vectors else "dot"
 
 
 def _modules(encoder: Encoder) -> list:
-    """The torch modules whose weights make the encoder: CARE's two towers, a dense or M3 model's network;
-    none for an encoder that is no torch model (a test double)."""
-    import torch
-
-    towers = getattr(encoder, "towers", None)
-    if isinstance(towers, Mapping):
-        return [towers[s] for s in ("query", "document") if isinstance(towers.get(s), torch.nn.Module)]
-    model = getattr(encoder, "model", None)
-    return [model] if isinstance(model, torch.nn.Module) else []
+    """The torch modules whose weights make the encoder, each once (Encoder.networks: CARE's two towers, a
+    dense or M3 model's network); none for an encoder that is no torch model (a test double)."""
+    return list({id(m): m for m in encoder.networks.values()}.values())
 
 
 def _embedding_weights(module) -> int:
@@ -80,7 +81,7 @@ def parameter_counts(encoder: Encoder) -> dict[str, int | None]:
     `encoder.online_parameters`), and of each the token-embedding matrices (a lookup, not compute).
     A symmetric model's total is its online count; None where the encoder cannot say."""
     online = int(encoder.online_parameters)
-    online_embedding = int(getattr(encoder, "online_embedding_parameters", 0) or 0) or None
+    online_embedding = int(encoder.online_embedding_parameters or 0) or None
     modules = _modules(encoder)
     if len(modules) < 2:  # one network for both sides
         return {"total": online, "online": online, "embedding": online_embedding,
@@ -97,28 +98,14 @@ def parameter_counts(encoder: Encoder) -> dict[str, int | None]:
 
 def embed_width(encoder: Encoder, probe: bool = False) -> int | None:
     """The width of the dense vectors the encoder returns (both sides have it: CARE cuts its document vectors
-    to the query tower's width): from the model (a tower's `dim`, a dense model's `truncate_dim` or hidden
-    size), else, with `probe`, from one encoded query; None when neither says."""
-    towers = getattr(encoder, "towers", None)
-    if isinstance(towers, Mapping) and getattr(towers.get("query"), "dim", None):
-        return int(towers["query"].dim)
-    if getattr(encoder, "truncate_dim", None):
-        return int(encoder.truncate_dim)
-    hidden = getattr(getattr(getattr(encoder, "model", None), "config", None), "hidden_size", None)
-    if isinstance(hidden, int):
-        return hidden
+    to the query tower's width): from the model (Encoder.dense_width: a tower's `dim`, a dense model's
+    `truncate_dim` or hidden size), else, with `probe`, from one encoded query; None when neither says."""
+    if encoder.dense_width:
+        return int(encoder.dense_width)
     if probe:
         with contextlib.suppress(Exception):
-            return int(np.asarray(encoder.encode_queries(["维度"]).dense).shape[1])
+            return int(np.asarray(encoder.encode_queries(["维度"], heads=("dense",)).dense).shape[1])
     return None
-
-
-def _max_tokens(encoder: Encoder) -> int | None:
-    towers = getattr(encoder, "towers", None)
-    if isinstance(towers, Mapping):  # the longest text either tower takes (documents, in practice)
-        lengths = [getattr(getattr(t, "spec", None), "max_length", None) for t in towers.values()]
-        return max((n for n in lengths if n), default=None)
-    return getattr(encoder, "max_length", None)
 
 
 def _memory_mb(encoder: Encoder) -> float | None:
@@ -170,17 +157,17 @@ def model_meta(encoder: Encoder, similarity: str, name: str | None = None, revis
         slug = "/".join(re.sub(r"[^A-Za-z0-9_.-]+", "_", p).strip("_") or "encoder" for p in (org, rest))
     prompts = encoder.prompts
     counts = parameter_counts(encoder)
-    two_towers = isinstance(getattr(encoder, "towers", None), Mapping)  # CARE: a query and a document tower
+    two_towers = len(_modules(encoder)) > 1  # CARE: a query and a document tower
     active = None
     if two_towers:
         active = counts["online"] - (counts["online_embedding"] or 0)
     training = extra.pop("training_datasets", None)
-    backend = str(getattr(encoder, "backend", "torch"))
+    backend = str(encoder.backend)
     fields = {
         "loader": None, "name": slug if "/" in slug else f"care/{slug}", "revision": revision or encoder.fingerprint,
         "release_date": None, "languages": LANGUAGES, "n_parameters": counts["total"],
         "n_active_parameters_override": active, "n_embedding_parameters": counts["embedding"],
-        "memory_usage_mb": _memory_mb(encoder), "max_tokens": _max_tokens(encoder),
+        "memory_usage_mb": _memory_mb(encoder), "max_tokens": encoder.max_tokens,
         "embed_dim": embed_width(encoder, probe), "license": None, "open_weights": None,
         "public_training_code": None, "public_training_data": None,
         "framework": ["PyTorch", "ONNX"] if backend.startswith("onnx") else ["PyTorch"], "reference": None,
@@ -207,7 +194,7 @@ class MtebEncoder:
             similarity = default_similarity(encoder)
         if similarity not in ("cosine", "dot"):
             raise ValueError(f"similarity must be auto, cosine or dot, got {similarity!r}")
-        self.encoder, self.similarity_name, self.cache, self.batch_size = encoder, similarity, cache, batch_size
+        self.encoder, self.similarity_name, self.cache, self.batch_size = dense_only(encoder), similarity, cache, batch_size
         self.task_types = dict(task_types or {})
         self.mteb_model_meta = model_meta(encoder, similarity, name, revision, **dict(meta or {}))
 

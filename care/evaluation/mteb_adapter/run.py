@@ -13,7 +13,7 @@ from collections.abc import Mapping, Sequence
 from care.encoders import Encoder
 from care.encoders.cache import EmbeddingCache
 from care.evaluation.mteb_adapter.data import care_spec, load_hub_task, task_data
-from care.evaluation.mteb_adapter.model import MtebEncoder, mteb_evaluate
+from care.evaluation.mteb_adapter.model import MtebEncoder, dense_only, mteb_evaluate
 from care.evaluation.mteb_adapter.scores import DATA_TYPES, project_metric
 
 
@@ -42,7 +42,7 @@ def project_scores(encoder: Encoder | MtebEncoder, tasks: Sequence, batch_size: 
     from care.evaluation.benchmarks import run_task
     from care.retrieval.scorer import EncoderScorer
 
-    encoder = encoder.encoder if isinstance(encoder, MtebEncoder) else encoder
+    encoder = encoder.encoder if isinstance(encoder, MtebEncoder) else dense_only(encoder)
     scorer = EncoderScorer(encoder, cache, batch_size=batch_size, heads=("dense",), show_progress=False)
     return {t.metadata.name: run_task(care_spec(t), task_data(t), scorer, depth=depth, seed=seed)["dense"]
             for t in tasks}
