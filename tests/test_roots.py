@@ -217,3 +217,27 @@ def test_importing_the_project_keeps_onnxruntime_out_of_home(tmp_path, user_valu
     assert run.stdout.strip() == (user_value or "1")
     if user_value is None:
         assert sorted(home.rglob("*")) == []
+
+
+# ---- an out_root that cannot be written ----------------------------------------------------------------------
+
+@pytest.mark.parametrize(("app", "mode"), [("evaluate.py", "run"), ("train.py", "sweep"),
+                                           ("-m data_pipeline", "run")])
+def test_an_out_root_that_cannot_be_written_is_one_line(tmp_path, app, mode):
+    """Hydra makes its run / sweep folder under out_root before the app's error edge: an out_root below a file
+    (ENOTDIR; a read-only mount, EROFS, takes the same path: care.errors.RunFolderCheck) ends in one line
+    naming the folder, exit status 1, no traceback, nothing written."""
+    blocker = tmp_path / "a-file"
+    blocker.write_text("mine", encoding="utf-8")
+    root = blocker / "out"
+    command = [sys.executable, *app.split(), *(["-m", "seed=0,1"] if mode == "sweep" else []), f"out_root={root}"]
+    run = subprocess.run(command, cwd=PROJECT_ROOT, capture_output=True, text=True, timeout=120, check=False,
+                         env={**os.environ, "HYDRA_FULL_ERROR": "0"})
+    shown = "python -m data_pipeline" if app.startswith("-m") else app
+    assert run.returncode == 1, run.stderr[-2000:]
+    folder = root / ("hydra" if mode == "run" else "multirun")
+    assert re.fullmatch(re.escape(f"{shown}: error: cannot write Hydra's {mode} folder under out_root={root}: "
+                                  f"{folder}") + r"(/[\w.]+)?" + re.escape(": Not a directory; choose a writable "
+                                                                         "out_root= (or CARE_OUTPUTS)"),
+                        run.stderr.strip()), run.stderr
+    assert blocker.read_text(encoding="utf-8") == "mine"
