@@ -3,7 +3,7 @@
 1. GradCache memory: peak resident memory of one training step as the pool of passages grows at a fixed
    chunk size, against the plain step (whole pool in one forward).  With caching it should stay nearly flat:
    `cached_peak_ratio_256_over_32` (issue #14: at most 1.3).  What still grows is the cached representations
-   and their gradients; the loss over them is computed in blocks (care.models.m3.colbert_scores never
+   and their gradients; the loss over them is computed in blocks (care.training.head_scores.colbert_scores never
    builds the queries x q_len x passages x p_len ColBERT tensor, which made this ratio 2.4).
 2. GradCache time against the plain step at the same pool (the extra no-grad forward costs ~1/3).
 3. Throughput against FlagEmbedding's own M3 fine-tuning (its training model class,

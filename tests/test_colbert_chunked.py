@@ -1,4 +1,4 @@
-"""The blocked ColBERT score (care.models.m3.colbert_scores) equals the plain one-tensor formula, scores and
+"""The blocked ColBERT score (care.training.head_scores.colbert_scores) equals the plain one-tensor formula, scores and
 gradients, for any block size, and never builds the queries x q_len x passages x p_len similarity tensor
 (issue #14: GradCache's loss over a large pool must not grow with it)."""
 from __future__ import annotations
@@ -9,7 +9,7 @@ import torch.nn.functional as F
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
-from care.models import m3
+from care.training import head_scores
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -50,8 +50,8 @@ def test_blocked_equals_the_whole_tensor_fp64(budget, monkeypatch):
     q, p = reps(N_Q, Q_LEN, 0), reps(N_P, P_LEN, 1)
     weights = torch.randn(N_Q, N_P, generator=torch.Generator().manual_seed(2), dtype=torch.float64)
     want = scores_and_grads(reference, q, p, weights)
-    monkeypatch.setattr(m3, "COLBERT_BLOCK_ELEMENTS", budget)
-    got = scores_and_grads(m3.colbert_scores, q, p, weights)
+    monkeypatch.setattr(head_scores, "COLBERT_BLOCK_ELEMENTS", budget)
+    got = scores_and_grads(head_scores.colbert_scores, q, p, weights)
     for name, a, b in zip(("scores", "query grad", "passage grad"), got, want):
         assert float(b.abs().max()) > 0, name
         torch.testing.assert_close(a, b, rtol=0, atol=1e-12, msg=name)
@@ -59,10 +59,10 @@ def test_blocked_equals_the_whole_tensor_fp64(budget, monkeypatch):
 
 
 def test_query_blocks_when_one_passage_is_too_big(monkeypatch):
-    monkeypatch.setattr(m3, "COLBERT_BLOCK_ELEMENTS", 2 * Q_LEN * P_LEN)  # all 5 queries x 1 passage won't fit
-    assert m3._colbert_blocks(N_Q, Q_LEN, N_P, P_LEN) == (2, 1)
-    monkeypatch.setattr(m3, "COLBERT_BLOCK_ELEMENTS", 3 * N_Q * Q_LEN * P_LEN)
-    assert m3._colbert_blocks(N_Q, Q_LEN, N_P, P_LEN) == (N_Q, 3)
+    monkeypatch.setattr(head_scores, "COLBERT_BLOCK_ELEMENTS", 2 * Q_LEN * P_LEN)  # all 5 queries x 1 passage won't fit
+    assert head_scores._colbert_blocks(N_Q, Q_LEN, N_P, P_LEN) == (2, 1)
+    monkeypatch.setattr(head_scores, "COLBERT_BLOCK_ELEMENTS", 3 * N_Q * Q_LEN * P_LEN)
+    assert head_scores._colbert_blocks(N_Q, Q_LEN, N_P, P_LEN) == (N_Q, 3)
 
 
 def test_fp32_and_a_frozen_side(monkeypatch):
@@ -72,8 +72,8 @@ def test_fp32_and_a_frozen_side(monkeypatch):
     p["colbert"].requires_grad_(False)
     weights = torch.randn(N_Q, N_P, generator=torch.Generator().manual_seed(5))
     want = scores_and_grads(reference, q, p, weights)
-    monkeypatch.setattr(m3, "COLBERT_BLOCK_ELEMENTS", 50)
-    got = scores_and_grads(m3.colbert_scores, q, p, weights)
+    monkeypatch.setattr(head_scores, "COLBERT_BLOCK_ELEMENTS", 50)
+    got = scores_and_grads(head_scores.colbert_scores, q, p, weights)
     assert got[2] is None and want[2] is None
     for a, b in zip(got[:2], want[:2]):
         torch.testing.assert_close(a, b, rtol=0, atol=1e-6)
@@ -96,9 +96,9 @@ class LargestTensor(TorchDispatchMode):
 def test_no_queries_x_passages_x_tokens_tensor(monkeypatch):
     q, p = reps(N_Q, Q_LEN, 6), reps(N_P, P_LEN, 7)
     budget = 3 * N_Q * Q_LEN * P_LEN
-    monkeypatch.setattr(m3, "COLBERT_BLOCK_ELEMENTS", budget)
+    monkeypatch.setattr(head_scores, "COLBERT_BLOCK_ELEMENTS", budget)
     with LargestTensor() as rec:
-        m3.colbert_scores(q, p).sum().backward()
+        head_scores.colbert_scores(q, p).sum().backward()
     assert q["colbert"].grad is not None and p["colbert"].grad is not None
     assert rec.largest <= budget < N_Q * Q_LEN * N_P * P_LEN
     with LargestTensor() as rec:  # the control: the recorder does see the plain formula's whole tensor

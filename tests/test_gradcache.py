@@ -18,10 +18,9 @@ import torch
 from hydra.utils import instantiate
 from omegaconf import OmegaConf
 
-from care.models import m3
 from care.models.m3 import tiny_m3
 from care.paths import PROJECT_ROOT
-from care.training import gradcache
+from care.training import gradcache, head_scores
 from care.training.gradcache import GradCache
 from care.training.losses import M3Loss
 
@@ -115,11 +114,11 @@ def test_cached_in_colbert_blocks_equals_uncached_in_one(blocks, monkeypatch):
 
     ref_loss, ref, qb, pb = step(cached=False)
     (n_q, q_len), (n_p, p_len) = ((len(b["input_ids"]), b["input_ids"].shape[1] - 1) for b in (qb, pb))
-    assert m3._colbert_blocks(n_q, q_len, n_p, p_len) == (n_q, n_p)  # the reference: one block
+    assert head_scores._colbert_blocks(n_q, q_len, n_p, p_len) == (n_q, n_p)  # the reference: one block
     budget, want = {"1x1": (1, (1, 1)), "2 queries x 1": (2 * q_len * p_len, (2, 1)),
                     "all x 5 passages": (5 * n_q * q_len * p_len, (n_q, 5))}[blocks]
-    monkeypatch.setattr(m3, "COLBERT_BLOCK_ELEMENTS", budget)
-    assert m3._colbert_blocks(n_q, q_len, n_p, p_len) == want
+    monkeypatch.setattr(head_scores, "COLBERT_BLOCK_ELEMENTS", budget)
+    assert head_scores._colbert_blocks(n_q, q_len, n_p, p_len) == want
     gc_loss, got, _, _ = step(cached=True)
     for k in ref_loss:
         assert gc_loss[k] == pytest.approx(ref_loss[k], rel=1e-12), k

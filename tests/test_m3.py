@@ -17,10 +17,11 @@ from torch.utils._pytree import tree_flatten
 from care.config import model_config
 from care.encoders import build_encoder
 from care.encoders.m3 import M3Encoder
-from care.models import m3
 from care.models.m3 import M3Model, tiny_m3
 from care.paths import PROJECT_ROOT
 from care.retrieval.scorer import EncoderScorer
+from care.tools import build_m3
+from care.training import head_scores
 from care.training.losses import M3Loss
 
 HEADS = ("dense", "sparse", "colbert")
@@ -82,16 +83,15 @@ def test_load_refuses_a_folder_without_head_files(tiny_bert_dir, tmp_path):
     cfg = model_config("tiny_m3")
     with pytest.raises(FileNotFoundError, match="not an M3 checkpoint"):
         build_encoder({**cfg, "path": str(tiny_bert_dir)})
-    with pytest.raises(FileNotFoundError, match=r"does not exist.*python -m care.models.m3 tiny"):
+    with pytest.raises(FileNotFoundError, match=r"does not exist.*python -m care.tools.build_m3 tiny"):
         build_encoder({**cfg, "path": str(tmp_path / "missing")})
 
 
-def test_init_command_gives_a_loadable_checkpoint(tiny_bert_dir, tmp_path, monkeypatch):
+def test_init_command_gives_a_loadable_checkpoint(tiny_bert_dir, tmp_path):
     from transformers import AutoModel
 
     out = tmp_path / "m3"
-    monkeypatch.setattr("sys.argv", ["m3", "init", str(out), "--backbone", str(tiny_bert_dir)])
-    m3.main()
+    build_m3.main(["init", str(out), "--backbone", str(tiny_bert_dir)])
     loaded = M3Model.load(out)
     original = AutoModel.from_pretrained(tiny_bert_dir).state_dict()
     for name, value in loaded.backbone.state_dict().items():
@@ -143,16 +143,16 @@ def test_scores_match_flagembedding_definitions(texts, monkeypatch):
     with torch.no_grad():
         q, p = model(**qb), model(**pb)
         (fqd, fqs, fqc), (fpd, fps, fpc) = flag._encode(qb), flag._encode(pb)
-        torch.testing.assert_close(m3.dense_scores(q, p), fqd @ fpd.T)
-        torch.testing.assert_close(m3.sparse_scores(q, p), fqs @ fps.T)
-        assert float(m3.sparse_scores(q, p).max()) > 0
+        torch.testing.assert_close(head_scores.dense_scores(q, p), fqd @ fpd.T)
+        torch.testing.assert_close(head_scores.sparse_scores(q, p), fqs @ fps.T)
+        assert float(head_scores.sparse_scores(q, p).max()) > 0
         torch.testing.assert_close(q["colbert"], fqc)
         expected = [[float(BGEM3FlagModel.colbert_score(None, a[: n - 1].numpy(), b[: m - 1].numpy()))
                      for b, m in zip(fpc, pb["attention_mask"].sum(1))]
                     for a, n in zip(fqc, qb["attention_mask"].sum(1))]
-        torch.testing.assert_close(m3.colbert_scores(q, p), torch.tensor(expected))
-        monkeypatch.setattr(m3, "COLBERT_BLOCK_ELEMENTS", 1)  # one query x one passage per block: same scores
-        torch.testing.assert_close(m3.colbert_scores(q, p), torch.tensor(expected))
+        torch.testing.assert_close(head_scores.colbert_scores(q, p), torch.tensor(expected))
+        monkeypatch.setattr(head_scores, "COLBERT_BLOCK_ELEMENTS", 1)  # one query x one passage per block: same scores
+        torch.testing.assert_close(head_scores.colbert_scores(q, p), torch.tensor(expected))
 
 
 def loss_preset(name: str) -> M3Loss:

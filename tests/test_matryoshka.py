@@ -17,10 +17,11 @@ from omegaconf import OmegaConf
 
 from care.config import load_config
 from care.data.io import read_jsonl
-from care.models.m3 import HEAD_SCORES, tiny_m3
+from care.models.m3 import tiny_m3
 from care.paths import PROJECT_ROOT
 from care.training.care_recipe import stage_config
 from care.training.gradcache import GradCache
+from care.training.head_scores import HEAD_SCORES
 from care.training.loss_terms import at_least_fp32, info_nce, pool_group_size
 from care.training.losses import AsymmetricLoss, M3Loss
 from care.training.trainer import Trainer

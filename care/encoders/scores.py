@@ -1,6 +1,5 @@
 """Scores of inference embeddings (numpy), FlagEmbedding 1.4.2's definitions: the lexical match of two
-sparse bags and the ColBERT mean-of-max.  The differentiable training versions live with the model
-(care.models.m3)."""
+sparse bags and the ColBERT mean-of-max.  The differentiable training versions are care/training/head_scores.py."""
 from __future__ import annotations
 
 import numpy as np

@@ -23,7 +23,8 @@ from collections.abc import Mapping, Sequence
 import torch
 from torch import nn
 
-from care.models.m3 import HEAD_SCORES, HEADS
+from care.models import HEADS
+from care.training.head_scores import HEAD_SCORES
 from care.training.loss_terms import (
     Matryoshka,
     ScoreDistillation,
