@@ -1,7 +1,7 @@
 """Query latency at batch 1, the number CARE exists for: `run() -> dict`.
 
 A CARE model's query tower (`CARE_MODEL`, care_me5 by default: its 4-layer me5 query tower is cut on first use
-from the offline me5 folder, care.encoders.build.towers; when it cannot be built here, care_tiny, and the JSON says
+from the offline me5 folder, care.encoders.builders.towers; when it cannot be built here, care_tiny, and the JSON says
 so under `care_fallback`) against the symmetric model (`SYMMETRIC_MODEL`, me5_small), measured in the same run,
 both as evaluation builds them (care.evaluation.corpora.evaluation_model, evaluate.yaml's token limit).
 

@@ -10,7 +10,7 @@ from _training_helpers import make_training_files
 
 from care.config import model_config as project_model_config
 from care.encoders import build_encoder
-from care.encoders.build.towers import build_tiny
+from care.encoders.builders.towers import build_tiny
 from care.models.towers import Tower
 from care.training.care_family import CAREFamily
 

@@ -1,4 +1,4 @@
-"""The tower folders of asymmetric encoders (care.encoders.build.towers; its command line care.tools.build_towers):
+"""The tower folders of asymmetric encoders (care.encoders.builders.towers; its command line care.tools.build_towers):
 the tiny query/document pair, a BertModel-family encoder cut to its first N layers, and build_from_spec (what
 the registry calls on first use)."""
 from __future__ import annotations
@@ -11,7 +11,7 @@ import pytest
 import torch
 from transformers import AutoConfig, AutoModel, AutoTokenizer
 
-from care.encoders.build.towers import build_cut, build_from_spec, build_tiny, default_source
+from care.encoders.builders.towers import build_cut, build_from_spec, build_tiny, default_source
 from care.tools import build_towers
 
 pytestmark = pytest.mark.usefixtures("one_thread")

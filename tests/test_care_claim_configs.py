@@ -10,7 +10,7 @@ from _care_helpers import texts  # noqa: F401  (a fixture: real cEpilepsyQA ques
 
 from care.config import model_config
 from care.encoders import build_encoder
-from care.encoders.build.towers import picked_layers
+from care.encoders.builders.towers import picked_layers
 from care.encoders.registry import ensure_towers
 from care.evaluation.entries import checkpoint_models
 from care.models.towers import Tower, TowerSpec

@@ -12,7 +12,7 @@
 - `register_family` is the one way into FAMILIES, and refuses a malformed family in one line.
 - The registry recognises each family from a model config and from a folder written as the project writes
   it (conftest.py's tiny BERT; an M3 folder saved by care.models.m3; CARE towers built by
-  care.encoders.build.towers with a training record), and every hook it names imports from its own layer
+  care.encoders.builders.towers with a training record), and every hook it names imports from its own layer
   (docs/design.md, "Layers").
 """
 from __future__ import annotations
@@ -192,7 +192,7 @@ def test_each_family_from_a_config():
 
 def test_each_family_from_a_written_folder(tiny_bert_dir, tmp_path):
     from care.data.io import write_json
-    from care.encoders.build.towers import build_tiny
+    from care.encoders.builders.towers import build_tiny
     from care.encoders.registry import TRAINING_RECORD, detect
     from care.models.m3 import M3Model
 

@@ -43,13 +43,13 @@ def test_the_scanner_sees_imports_at_any_depth():
     ("data", ("torch", "care.models", "care.encoders", "care.retrieval", "care.evaluation", "care.training",
               "care.export", "care.tools")),
     ("models", ("care.encoders", "care.retrieval", "care.evaluation", "care.training", "care.export", "care.tools")),
-    # encoders/build makes model folders on first use: below the command lines that also call it (care.tools)
+    # encoders/builders makes model folders on first use: below the command lines that also call it (care.tools)
     ("encoders", ("care.retrieval", "care.evaluation", "care.training", "care.export", "care.tools")),
     ("retrieval", ("care.evaluation", "care.training", "care.export", "care.tools")),
     ("evaluation", ("care.training", "care.models", "care.export", "care.tools")),  # talks to the Encoder only
     ("export", ("care.training", "care.evaluation", "care.tools")),      # leaving the framework: above the encoders
     ("training", ("care.tools",)),                                       # validation runs evaluation task runners
-    ("tools", ("care.training", "care.evaluation", "care.export")),      # command lines over encoders/build only
+    ("tools", ("care.training", "care.evaluation", "care.export")),      # command lines over encoders/builders only
 ])
 def test_imports_point_down(package, forbidden):
     assert violations(CARE / package if package else CARE, forbidden) == []
@@ -103,6 +103,6 @@ def test_no_import_cycles():
 def test_the_command_lines_sit_above_the_builds_they_run():
     # a tower folder is built on first use by the registry (care.encoders), so the build lives below it
     graph = import_graph(project_modules())
-    assert "care.encoders.build.towers" in graph["care.encoders.registry"]
-    assert {"care.encoders.build.me5", "care.encoders.build.towers"} <= graph["care.tools.build_me5"] | graph[
+    assert "care.encoders.builders.towers" in graph["care.encoders.registry"]
+    assert {"care.encoders.builders.me5", "care.encoders.builders.towers"} <= graph["care.tools.build_me5"] | graph[
         "care.tools.build_towers"]

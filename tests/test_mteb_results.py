@@ -1,6 +1,6 @@
 """The mteb adapter's results in mteb's own result-cache layout (care/evaluation/mteb_adapter/results.py), read
 back by mteb's own loader (mteb.ResultCache.load_results, load_task_result, ModelMeta from model_meta.json), for
-a dense model (spread_bert, conftest) and a two-tower CARE model (tiny towers, care.encoders.build.towers), on two
+a dense model (spread_bert, conftest) and a two-tower CARE model (tiny towers, care.encoders.builders.towers), on two
 small project tasks (conftest's `samples`: cMedIR reranking lists and KUAKE-QQR STS pairs).  Offline, no hub.
 
 mteb writes its scores rounded to 6 decimals (TaskResult.to_disk), hence the comparisons with 1e-6.
@@ -41,7 +41,7 @@ def care_encoder(tmp_path_factory):
     """A CARE model: a 32-d tiny BERT query tower, a 64-d tiny Qwen3 document tower (cut to 32)."""
     from care.config import model_config
     from care.encoders import build_encoder
-    from care.encoders.build.towers import build_tiny
+    from care.encoders.builders.towers import build_tiny
 
     root = tmp_path_factory.mktemp("care-towers") / "tiny"
     build_tiny(root, seed=0)

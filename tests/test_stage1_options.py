@@ -19,7 +19,7 @@ from safetensors.torch import load_file
 
 from care.config import load_config, neutral_keys
 from care.data.io import read_jsonl, write_jsonl
-from care.encoders.build.towers import build_cut, build_from_spec, default_source, picked_layers
+from care.encoders.builders.towers import build_cut, build_from_spec, default_source, picked_layers
 from care.models.towers import Tower, TowerSpec
 from care.tools import build_towers
 from care.training.care_family import CachedDocuments, CAREFamily, check_cut_folders, tokenize_with_limits

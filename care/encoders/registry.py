@@ -73,7 +73,7 @@ def ensure_towers(c: dict) -> None:
     for side in ("query", "document"):
         tower = c[side]
         if tower.get("build") and not Path(tower["path"]).exists():
-            from care.encoders.build.towers import build_from_spec
+            from care.encoders.builders.towers import build_from_spec
 
             build_from_spec(dict(tower["build"]))
         try:

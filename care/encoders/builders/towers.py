@@ -20,7 +20,7 @@ sentence-transformers folder too (care.encoders.st_folder).  The command line is
   manifest records the source layers kept (`picked_layers`).
 - `build_from_spec(spec)`: what the model registry calls when a configured tower folder is missing.
 
-Every build is locked, atomic and skipped when up to date (care.encoders.build.folder; `--force` rebuilds).
+Every build is locked, atomic and skipped when up to date (care.encoders.builders.folder; `--force` rebuilds).
 """
 from __future__ import annotations
 
@@ -32,7 +32,7 @@ from importlib.metadata import version
 from pathlib import Path
 
 from care.data.io import file_digest, write_json
-from care.encoders.build.folder import locked_build
+from care.encoders.builders.folder import locked_build
 from care.encoders.st_folder import declared_pooling, write_st_files
 
 #: bump when a builder's output changes for the same sources and options (invalidates built folders)
@@ -118,7 +118,7 @@ TOKENIZER_FILES = re.compile(r"^(tokenizer(_config)?\.json|special_tokens_map\.j
 
 
 def default_source() -> Path:
-    from care.encoders.build.me5 import default_out
+    from care.encoders.builders.me5 import default_out
 
     return default_out()
 
@@ -171,7 +171,7 @@ def build_cut(source: str | Path | None, out: str | Path, layers: int, force: bo
     source = Path(source or default_source()).resolve()
     if not (source / "config.json").is_file():
         if source == default_source().resolve():
-            from care.encoders.build import me5
+            from care.encoders.builders import me5
 
             me5.build(source)
         else:

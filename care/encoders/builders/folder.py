@@ -1,4 +1,4 @@
-"""The one way a model folder is built here (care.encoders.build.me5, care.encoders.build.towers): under a file
+"""The one way a model folder is built here (care.encoders.builders.me5, care.encoders.builders.towers): under a file
 lock beside OUT (concurrent callers: one builds, the others then skip), into a temporary folder swapped in whole
 (care.data.io.atomic_folder: a crash or a failed check never leaves half a model), skipped when OUT's
 manifest.json records the same build key and every file it lists is there at its size, and never over a folder
