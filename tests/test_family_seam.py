@@ -115,7 +115,7 @@ def class_probes(text: str, classes: set[str]) -> list[tuple[int, str]]:
             names = {_last_name(e) for e in (target.elts if isinstance(target, ast.Tuple) else [target])}
             for name in sorted(names & classes):
                 hits.append((node.lineno, f"{fn} of {name}"))
-        elif fn in ("getattr", "hasattr") and re.search(r"encoder", _last_name(node.args[0]), re.I):
+        elif fn in ("getattr", "hasattr") and "encoder" in _last_name(node.args[0]).lower():
             attr = node.args[1].value if len(node.args) > 1 and isinstance(node.args[1], ast.Constant) else "?"
             hits.append((node.lineno, f"{fn} {attr!r} of an encoder"))
     return sorted(set(hits))
