@@ -6,7 +6,9 @@ import contextlib
 import hashlib
 import json
 import os
+import re
 import shutil
+import sys
 import tempfile
 from collections.abc import Iterable, Iterator
 from pathlib import Path
@@ -74,6 +76,38 @@ def atomic_folder(path: str | Path, keep=None):
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+
+
+# What the writers above leave beside NAME when killed mid-write: atomic_open's `.NAME.<8 random>.tmp` (mkstemp),
+# link_or_copy's `.NAME.<pid>.tmp`, atomic_folder's `.NAME.<8 random>` (mkdtemp) and `.NAME.old-<pid>` mid-swap.
+LEFTOVER = r"\.(?:{names})\.(?:[a-z0-9_]{{8}}(?:\.tmp)?|\d+\.tmp|old-\d+)"
+
+
+def leftovers(folder: str | Path, names: Iterable[str] = (), pattern: str | None = None) -> list[Path]:
+    """The entries of `folder` an interrupted atomic write of one of `names` (or of a name matching the regex
+    `pattern`) left; nothing else, so a user's own file is never taken for one.  Removing them is safe only
+    while no writer is live in `folder` (its lock held: care/runlock.py)."""
+    folder = Path(folder)
+    if not folder.is_dir():
+        return []
+    alternatives = [re.escape(n) for n in names] + ([pattern] if pattern else [])
+    if not alternatives:
+        return []
+    match = re.compile(LEFTOVER.format(names="|".join(alternatives))).fullmatch
+    return sorted(p for p in folder.iterdir() if match(p.name))
+
+
+def remove_leftovers(paths: Iterable[Path], where: str | Path) -> list[Path]:
+    """Remove `leftovers` (files or folders), saying how many and how much, as one note on stderr."""
+    paths = list(paths)
+    if not paths:
+        return paths
+    size = sum(f.stat().st_size for p in paths for f in ([p] if not p.is_dir() else p.rglob("*")) if f.is_file())
+    for path in paths:
+        shutil.rmtree(path) if path.is_dir() and not path.is_symlink() else path.unlink()
+    print(f"note: removed what {len(paths)} interrupted write{'s' if len(paths) > 1 else ''} left in {where} "
+          f"({size / 1e6:.1f} MB): {', '.join(p.name for p in paths)}", file=sys.stderr, flush=True)
+    return paths
 
 
 def link_or_copy(src: str | Path, dst: str | Path) -> Path:

@@ -15,6 +15,8 @@ second run into the same folder is refused in one line naming the holder instead
   2. the claim (stage_cache.claim_outputs): files the stage did not write are refused, naming them;
   3. `force` (cfg.force) is read here and nowhere else: re-run an unchanged stage, overwrite files of the
      stage's names that it did not write.  cfg.lock_force takes over a dead holder's lock (care/runlock.py).
+Before these, what a killed run's atomic writes left beside the stage's outputs (`.NAME.<random>.tmp`,
+care.data.io.leftovers) is removed with a note, as training's start does (care/training/checkpoint.py).
 A stage that replaces its whole folder (nano) builds in `start.folder()` (care.data.io.atomic_folder) and
 passes whole_folder=True: anything in `out` it did not write would be deleted by the swap, so it is refused
 before any work (force or not), and the lock's files are carried into the new folder.
@@ -26,7 +28,7 @@ import time
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 
-from care.data.io import atomic_folder, write_json
+from care.data.io import atomic_folder, leftovers, remove_leftovers, write_json
 from care.data.stage_cache import (
     LOCK_FILES,
     RECORD,
@@ -103,12 +105,26 @@ def stage_start(cfg: Mapping | None, stage: str, out_dir: str | Path, fp: str, o
     out_dir: files, or folders for a whole-folder stage) are `outputs`; yields a StageStart (module
     docstring).  legacy_keys / legacy_entry: how stats.json and folders written by older code are known
     as the stage's own (stage_cache.written_by, stage_cache.strays)."""
-    out, force = Path(out_dir), forced(cfg)
+    out, force, outputs = Path(out_dir), forced(cfg), tuple(outputs)
     if out.exists() and not out.is_dir():
         raise ForeignOutputError(f"stage {stage}: output folder {out} is a file, not a folder")
     with locked_folder(out, f"{stage} stage run", force=bool((cfg or {}).get(FORCE_KEY, False)), elsewhere="out=DIR"):
+        remove_leftovers(interrupted_writes(out, outputs, whole_folder), out)
         start = StageStart(stage, out, tuple(outputs), force, whole_folder, legacy_keys, legacy_entry)
         start.done = None if force else up_to_date(out, fp)
         if start.done is None:
             claim_outputs(out, stage, start.outputs, force, legacy_keys, whole_folder, legacy_entry)
         yield start
+
+
+def interrupted_writes(out: Path, outputs: Iterable[str], whole_folder: bool) -> list[Path]:
+    """What atomic writes of the stage's own files (its outputs, stats.json, the lock's record), killed midway,
+    left in `out` and its outputs' folders; a whole-folder stage's new folder beside `out` too.  Only with
+    `out`'s lock held: no live writer of these names."""
+    by_folder: dict[Path, list[str]] = {}
+    for name in (*outputs, "stats.json", *LOCK_FILES):
+        path = out / name.rstrip("/")
+        by_folder.setdefault(path.parent, []).append(path.name)
+    if whole_folder:
+        by_folder.setdefault(out.parent, []).append(out.name)
+    return [p for folder, names in by_folder.items() for p in leftovers(folder, names)]

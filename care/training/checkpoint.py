@@ -42,7 +42,15 @@ from accelerate.utils import broadcast_object_list, gather_object
 from omegaconf import DictConfig, OmegaConf
 
 from care.config import recipe
-from care.data.io import DataError, atomic_folder, file_digest, json_digest, read_json
+from care.data.io import (
+    DataError,
+    atomic_folder,
+    file_digest,
+    json_digest,
+    leftovers,
+    read_json,
+    remove_leftovers,
+)
 from care.encoders.registry import CHECKPOINT_MODEL, TRAINING_RECORD
 from care.families import tower_configs
 from care.models.hub import read_torch, weights_digest
@@ -176,17 +184,11 @@ class RunFolder:
         self.accelerator.wait_for_everyone()
 
     def clean_stale(self) -> None:
-        """atomic_folder's / atomic_open's `.NAME.<random>` (`.NAME.old-<pid>` mid-swap; care/data/io.py) beside
-        each output and checkpoint.  Only with the lock held (no live writer); `.corrupt-step-N` is kept."""
-        stale = [p for p in self.out.glob(".*") if p.name.startswith(tuple(f".{n}." for n in RUN_OUTPUTS))]
-        stale += sorted((self.out / "checkpoints").glob(".step-*"))
-        if not stale:
-            return
-        size = sum(f.stat().st_size for p in stale for f in ([p] if p.is_file() else p.rglob("*")) if f.is_file())
-        for path in stale:
-            shutil.rmtree(path) if path.is_dir() and not path.is_symlink() else path.unlink()
-        _say(f"note: removed what {len(stale)} interrupted write{'s' if len(stale) > 1 else ''} left in {self.out} "
-             f"({size / 1e6:.1f} MB): {', '.join(p.name for p in stale)}")
+        """What interrupted atomic writes left beside each output and checkpoint (care.data.io.leftovers:
+        `.NAME.<random>`, `.NAME.old-<pid>` mid-swap, `.NAME.<random>.tmp`), removed with a note, as a pipeline
+        stage's start does.  Only with the lock held (no live writer); `.corrupt-step-N` is kept."""
+        stale = leftovers(self.out, RUN_OUTPUTS) + leftovers(self.out / "checkpoints", pattern=r"step-\d+")
+        remove_leftovers(stale, self.out)
 
     def checkpoints(self) -> list[Path]:
         return sorted((self.out / "checkpoints").glob("step-[0-9]*[0-9]"))
