@@ -116,8 +116,8 @@ def _minhash_steps(d, work, logs: Path, tasks: int, before: list[str], alive: in
     sig = make_executor(d, [StoreReader(work), MinhashSignature(work, dict(d.normalize), m.ngram, m.num_perm,
                                                                  m.seed, bands, rows, before)],
                         logs / "minhash_signature", tasks, "dedup_minhash_signature")
-    buckets = make_executor(d, [MinhashBuckets(work, rows, ranges)], logs / "minhash_buckets", bands * ranges,
-                            "dedup_minhash_buckets")
+    buckets = make_executor(d, [MinhashBuckets(work, bands, rows, ranges)], logs / "minhash_buckets",
+                            min(tasks, bands * ranges), "dedup_minhash_buckets")
     verify = make_executor(d, [MinhashVerify(work, dict(d.normalize), m.ngram, m.threshold)],
                            logs / "minhash_verify", tasks, "dedup_minhash_verify")
     cluster = make_executor(d, [MinhashCluster(work)], logs / "minhash_cluster", 1, "dedup_minhash_cluster")
@@ -145,6 +145,8 @@ def _lines(store: TextStore, stage: str, pairs: np.ndarray, min_edge: dict | Non
            ) -> Iterator[dict]:
     """stage._cluster_lines on positions, read in batches of whole clusters: exact clusters' similarities
     are 1.0; a MinHash cluster's are the exact Jaccard of each removed text to the kept one."""
+    if not len(pairs):
+        return
     bounds = np.flatnonzero(np.concatenate([[True], pairs["kept"][1:] != pairs["kept"][:-1], [True]]))
     starts = bounds[:-1]
     b0 = 0

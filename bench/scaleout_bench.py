@@ -1,0 +1,220 @@
+"""`make bench-scaleout`: exact + MinHash dedup on both engines (`dedup.engine=native|datatrove`) at 226K, 1M
+and 4M medical-like Chinese texts; writes bench/results/scaleout.json (docs/scale.md, "Past one machine").
+
+Texts: the import stage's 204,583 real texts, then texts recombined from their clauses (split after
+，。！？；, a seeded draw of as many clauses as a randomly drawn real text has), and PLANTED_SHARE x N planted
+near duplicates of recombined texts of at least 30 characters (data_pipeline/planted.py `edit_until`: random
+character edits down to a character-bigram Jaccard drawn from [0.85, 0.97]), all shuffled with a fixed seed.
+The stores are written once under the work folder (default /tmp/scaleout_bench; `--work DIR`).
+
+Each engine runs the real stage (`data_pipeline.dedup.stage.run`, stages exact and MinHash, force=true) in its
+own process, niced; datatrove on the local executor, tasks=auto (one per 100,000 texts), one worker per CPU.
+Measured: the wall time of that process and the stage's own seconds (stats.json), the peak resident memory
+of the stage's process and of the largest of its children (getrusage: a datatrove worker, which runs tasks
+one after another), and the peak of the whole process tree sampled every 0.2 s (sum of RSS, and of PSS,
+which counts pages shared by forked workers once).  A run whose tree passes --mem-cap-gb (default 12) is
+stopped and recorded as such, so a 2-core machine shared with other work is not driven out of memory.
+Planted duplicates found: a planted pair counts when clusters.jsonl puts both texts under one kept text.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import re
+import resource
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+SIZES = (226_000, 1_000_000, 4_000_000)
+PLANTED_SHARE = 0.01
+SEED = 0
+_CLAUSE = re.compile(r"[^，。！？；\n]+[，。！？；\n]?")
+
+
+def _real_texts() -> list[str]:
+    from care.data.io import read_text_store
+    from care.paths import outputs_dir
+
+    store = outputs_dir() / "data" / "import" / "texts.jsonl"
+    if not store.is_file():
+        raise FileNotFoundError(f"{store} is missing: run `python -m data_pipeline stage=import` first "
+                                "(make bench-scaleout does)")
+    return list(read_text_store(store).values())
+
+
+def build_store(n: int, path: Path, real: list[str]) -> dict:
+    """The store of n texts at `path` (module docstring) and its planted pairs beside it; built once."""
+    planted_path = path.with_suffix(".planted.json")
+    if path.is_file() and planted_path.is_file():
+        return json.loads(planted_path.read_text(encoding="utf-8"))
+    from care.data.io import write_jsonl
+    from data_pipeline.dedup.minhash_reference import jaccard, shingles
+    from data_pipeline.dedup.normalize import Normalizer
+    from data_pipeline.planted import edit_until
+
+    rng = random.Random(SEED)
+    split = [_CLAUSE.findall(t) or [t] for t in real]
+    pool = [c for parts in split for c in parts]
+    n_planted = int(PLANTED_SHARE * n)
+    rows = [{"id": f"r{i}", "text": t} for i, t in enumerate(real[:n - n_planted])]
+    for k in range(n - n_planted - len(rows)):
+        count = len(split[rng.randrange(len(split))])
+        rows.append({"id": f"m{k}", "text": "".join(rng.choice(pool) for _ in range(count))})
+    normalise = Normalizer()
+    made = [r for r in rows if r["id"].startswith("m") and len(r["text"]) >= 30] or \
+        [r for r in rows if len(r["text"]) >= 30]
+    alphabet = sorted({c for c in "".join(rng.sample(pool, min(len(pool), 20_000))) if not c.isspace()})
+    planted = []
+    for k in range(n_planted):
+        orig = made[rng.randrange(len(made))]
+        text, _, _ = edit_until(normalise(orig["text"]), rng.uniform(0.85, 0.97), 2, alphabet, rng)
+        copy_id = f"{orig['id']}-near{k}"
+        rows.append({"id": copy_id, "text": text})
+        reached = jaccard(shingles(normalise(orig["text"]), 2), shingles(normalise(text), 2))
+        planted.append([orig["id"], copy_id, round(reached, 4)])
+    rng.shuffle(rows)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_jsonl(path, rows)
+    info = {"n": len(rows), "real": min(len(real), n - n_planted), "planted": planted}
+    planted_path.write_text(json.dumps(info), encoding="utf-8")
+    return info
+
+
+def _stage(engine: str, store: str, out: str, cache: str) -> None:
+    """In the measured process: the dedup stage, then this process's and its children's peak memory."""
+    from care.config import load_config
+    from data_pipeline.dedup.stage import run
+
+    cfg = load_config("data_pipeline", [f"++input={store}", f"++out={out}", "dedup.stages=[exact,minhash]",
+                                        "dedup.roles=null", "dedup.sources=null", f"dedup.engine={engine}",
+                                        "force=true", f"cache_root={cache}"])
+    stats = run(cfg)
+    print(json.dumps({"stage_seconds": stats["seconds"], "texts_out": stats["texts_out"],
+                      "stages": {k: v["seconds"] for k, v in stats["stages"].items()},
+                      "engine": stats.get("engine"),
+                      "self_peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
+                      "largest_child_peak_rss_mb":
+                          round(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024, 1)}))
+
+
+def measure(engine: str, store: Path, out: Path, cache: Path, mem_cap_gb: float) -> dict:
+    """The stage in a niced subprocess, its process tree's memory sampled until it ends."""
+    import psutil
+
+    t0 = time.perf_counter()
+    proc = subprocess.Popen(["nice", "-n", "10", sys.executable, "-m", "bench.scaleout_bench", "--stage", engine,
+                             str(store), str(out), str(cache)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    root = psutil.Process(proc.pid)
+    peak_rss = peak_pss = 0.0
+    capped = False
+    while proc.poll() is None:
+        rss = pss = 0.0
+        try:
+            for p in [root, *root.children(recursive=True)]:
+                try:
+                    info = p.memory_full_info()
+                    rss, pss = rss + info.rss, pss + info.pss
+                except (psutil.NoSuchProcess, psutil.AccessDenied):
+                    continue
+        except psutil.NoSuchProcess:
+            break
+        peak_rss, peak_pss = max(peak_rss, rss), max(peak_pss, pss)
+        if rss > mem_cap_gb * 2**30:
+            capped = True
+            for p in [*root.children(recursive=True), root]:
+                p.kill()
+            break
+        time.sleep(0.2)
+    stdout, stderr = proc.communicate()
+    wall = time.perf_counter() - t0
+    row = {"engine": engine, "wall_s": round(wall, 1), "tree_peak_rss_mb": round(peak_rss / 2**20, 1),
+           "tree_peak_pss_mb": round(peak_pss / 2**20, 1)}
+    if capped:
+        return {**row, "stopped": f"the process tree passed {mem_cap_gb} GB resident; stopped"}
+    if proc.returncode:
+        return {**row, "failed": stderr[-3000:]}
+    return {**row, **json.loads(stdout.strip().splitlines()[-1])}
+
+
+def planted_found(out: Path, planted: list) -> dict:
+    """Planted pairs whose two texts clusters.jsonl puts under one kept text (through every stage)."""
+    parent: dict[str, str] = {}
+
+    def find(x: str) -> str:
+        while parent.get(x, x) != x:
+            parent[x] = parent.get(parent[x], parent[x])
+            x = parent[x]
+        return x
+
+    with open(out / "clusters.jsonl", encoding="utf-8") as fh:
+        for line in fh:
+            c = json.loads(line)
+            root = find(str(c["kept_id"]))
+            for r in c["removed_ids"]:
+                parent[find(str(r))] = root
+    hits = [find(a) == find(b) for a, b, _ in planted]
+    over = [h for (_, _, j), h in zip(planted, hits) if j >= 0.8]
+    return {"planted": len(planted), "found": sum(hits), "planted_jaccard_at_least_0.8": len(over),
+            "found_of_those": sum(over)}
+
+
+def run(sizes=SIZES, engines=("native", "datatrove"), work: Path = Path("/tmp/scaleout_bench"),
+        mem_cap_gb: float = 12.0) -> dict:
+    real = _real_texts()
+    result: dict = {"sizes": list(sizes), "planted_share": PLANTED_SHARE, "seed": SEED, "runs": []}
+    for n in sizes:
+        t0 = time.perf_counter()
+        store = work / f"store_{n}.jsonl"
+        info = build_store(n, store, real)
+        print(f"scaleout: store of {n:,} texts ({len(info['planted']):,} planted) in "
+              f"{time.perf_counter() - t0:.0f} s", flush=True)
+        outs = {}
+        for engine in engines:
+            out = work / f"out_{engine}_{n}"
+            load = [round(x, 2) for x in os.getloadavg()]
+            row = {"n": n, **measure(engine, store, out, work / "cache", mem_cap_gb), "load_before": load,
+                   "load_after": [round(x, 2) for x in os.getloadavg()]}
+            if "failed" not in row and "stopped" not in row:
+                row["planted"] = planted_found(out, info["planted"])
+                outs[engine] = out
+            result["runs"].append(row)
+            print(f"scaleout: {engine} at {n:,}: " + json.dumps({k: v for k, v in row.items() if k != "failed"}),
+                  flush=True)
+        if len(outs) == 2:
+            same = all((outs["native"] / f).read_bytes() == (outs["datatrove"] / f).read_bytes()
+                       for f in ("kept.jsonl", "clusters.jsonl"))
+            result["runs"][-1]["identical_to_native"] = same
+    return result
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--sizes", type=int, nargs="*", default=list(SIZES))
+    ap.add_argument("--engines", nargs="*", default=["native", "datatrove"])
+    ap.add_argument("--work", type=Path, default=Path("/tmp/scaleout_bench"))
+    ap.add_argument("--mem-cap-gb", type=float, default=12.0)
+    ap.add_argument("--out", type=Path, default=None, help="default bench/results/scaleout.json")
+    ap.add_argument("--stage", nargs=4, metavar=("ENGINE", "STORE", "OUT", "CACHE"), help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.stage:
+        _stage(*args.stage)
+        return
+    from bench.__main__ import machine
+    from care.data.io import write_json
+    from care.paths import PROJECT_ROOT
+
+    start = time.perf_counter()
+    result = run(args.sizes, args.engines, args.work, args.mem_cap_gb)
+    result = {"benchmark": "scaleout", "wall_s": round(time.perf_counter() - start, 1),
+              "date": time.strftime("%Y-%m-%d %H:%M:%S"), "machine": machine(), **result}
+    write_json(args.out or PROJECT_ROOT / "bench" / "results" / "scaleout.json", result)
+    print(json.dumps(result, indent=2)[:6000])
+
+
+if __name__ == "__main__":
+    main()
