@@ -93,17 +93,27 @@ def neutral_keys(config) -> list[str]:
     return found
 
 
+#: Commands a model config's `build_hint` names that have moved since runs were recorded, new -> old: the hint
+#: is in the config a run's hash covers, so it is hashed as it read then (a run folder stays valid).
+MOVED_COMMANDS = {"python -m care.tools.build_m3 ": "python -m care.models.m3 "}
+
+
 def recipe(config: dict, ignore: Sequence[str] = ("seed",)) -> dict:
     """A training config's recipe: without the run settings, the keys of NEUTRAL at their neutral value and
     `ignore` (the seed, so that runs of one recipe over several seeds group together: evaluation's comparison,
     wandb's run groups), its model's prompts under the keys they had before `prompts:` was named
-    (care.encoders.prompts.legacy_keyed).  What a run's config hash covers (care.training.checkpoint), so
-    configs and records from before a key was added or renamed keep their hash and their group."""
+    (care.encoders.prompts.legacy_keyed) and its build hint naming commands as they were (MOVED_COMMANDS).
+    What a run's config hash covers (care.training.checkpoint), so configs and records from before a key was
+    added or renamed keep their hash and their group."""
     from care.encoders.prompts import legacy_keyed  # here: care.config is imported by light command lines
 
     c = without_keys(config, (*RUN_SETTINGS, *ignore, *neutral_keys(config)))
     if isinstance(c.get("model"), Mapping):
         c["model"] = legacy_keyed(c["model"])
+        if isinstance(hint := c["model"].get("build_hint"), str):
+            for new, old in MOVED_COMMANDS.items():
+                hint = hint.replace(new, old)
+            c["model"]["build_hint"] = hint
     return c
 
 
