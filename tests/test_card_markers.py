@@ -49,3 +49,33 @@ def test_a_rewrite_keeps_the_users_text_and_an_edited_card_is_left_alone(trained
     with pytest.raises(CardKept, match="not a care-medical card"):
         write_model_card(trained["final"], read_record(trained["final"]))
     assert card.read_text(encoding="utf-8") == "# My model\n\nHand-written.\n"
+
+
+@pytest.mark.parametrize("editor", ["last newline stripped", "CRLF", "CRLF, last newline stripped"])
+def test_what_an_editor_does_to_the_whole_file_is_not_an_edit(trained, tmp_path, editor):
+    """An editor that strips the file's last newline, or saves it with CRLF line ends (or both), leaves the
+    generated part as the project wrote it: the card is rewritten, the user's text kept (the line ends they
+    chose too), never "not a care-medical card"."""
+    import shutil
+
+    folder = tmp_path / "final"
+    shutil.copytree(trained["final"], folder)
+    card = folder / "README.md"
+    card.unlink(missing_ok=True)  # whatever another test left there: the card is written fresh
+    for user_text in ("", NOTES):  # the end marker closes the file, or the user's notes do
+        text = write_model_card(folder, read_record(folder)).read_text(encoding="utf-8") + user_text
+        if "stripped" in editor:
+            text = text.rstrip("\n")
+        if "CRLF" in editor:
+            text = text.replace("\n", "\r\n")
+        card.write_bytes(text.encode("utf-8"))
+        write_model_card(folder, read_record(folder))
+        again = card.read_bytes().decode("utf-8")
+        assert ("\r\n" in again) == ("CRLF" in editor) and "\n" in again
+        plain = again.replace("\r\n", "\n")
+        assert plain.startswith("---\n") and plain.count("<!-- care-medical card: end -->") == 1
+        if user_text:
+            assert plain.endswith(NOTES.rstrip("\n") if "stripped" in editor else NOTES)
+        else:
+            assert plain.rstrip("\n").endswith("<!-- care-medical card: end -->")
+        assert ModelCard.load(card).data.base_model == "tiny-m3"

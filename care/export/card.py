@@ -172,7 +172,7 @@ def write_model_card(folder: str | Path, record: dict, evaluation: dict | None =
     card = ModelCard.from_template(card_data(folder, record, evaluation), template_str=TEMPLATE,
                                    body=card_body(folder, record, evaluation))
     path = folder / CARD
-    existing = path.read_text(encoding="utf-8") if path.is_file() else None
+    existing = path.read_bytes().decode("utf-8") if path.is_file() else None  # line ends as written (CRLF kept)
     text = compose(str(card), existing, str(path))  # CardKept: a README that is not the project's own stays
     with atomic_open(path) as fh:
         fh.write(text)

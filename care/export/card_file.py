@@ -14,7 +14,8 @@ body, which a rewrite of the card keeps.
 The digest in the first marker is how a rewrite knows the generated part is still the project's own: a
 README whose front matter or body was edited (its digest no longer matches), or one with no markers (written
 by hand, by another tool, or by the project before the markers), is left as it is and CardKept says so in
-one line (evaluate.py prints it as a warning; the scores are written regardless).
+one line (evaluate.py prints it as a warning; the scores are written regardless).  What an editor does to a
+whole file is not an edit: CRLF line ends (kept when the card is written again) and a last newline stripped.
 """
 from __future__ import annotations
 
@@ -26,6 +27,7 @@ BEGIN = ("<!-- care-medical card: generated from care_training.json (and evaluat
          "sha256:{digest} -->")
 END = "<!-- care-medical card: end -->"
 _BEGIN = re.compile(r"^<!-- care-medical card: generated .*? sha256:([0-9a-f]{64}) -->$", re.MULTILINE)
+_END = re.compile(rf"\n{re.escape(END)}(?:\n|\Z)")  # the end marker may close the file (its newline stripped)
 
 
 class CardKept(ValueError):
@@ -48,16 +50,19 @@ def compose(card: str, existing: str | None, where: str = "README.md") -> str:
     `existing` kept around its body.  Raises CardKept when `existing` is not the project's own card."""
     front, body = _split_front(card)
     body = body.strip("\n")
-    head, tail = "\n", "\n"
+    head, tail, crlf = "\n", "\n", False
     if existing is not None:
-        old_front, rest = _split_front(existing)
-        begin, end = _BEGIN.search(rest), rest.find(f"\n{END}\n")
-        if begin is None or end < begin.end():
+        crlf = "\r\n" in existing  # an editor's (Windows) line ends: read as \n, written back as they were
+        old_front, rest = _split_front(existing.replace("\r\n", "\n"))
+        begin = _BEGIN.search(rest)
+        end = _END.search(rest, begin.end()) if begin is not None else None
+        if begin is None or end is None:
             raise CardKept(f"{where}: not a care-medical card (no generated-card markers): left as it is; move it "
                            f"away to get the card written")
-        if _digest(old_front, rest[begin.end() + 1:end]) != begin.group(1):
+        if _digest(old_front, rest[begin.end() + 1:end.start()]) != begin.group(1):
             raise CardKept(f"{where}: its generated part (the front matter, or the text between the care-medical "
                            f"markers) was edited: left as it is; move your edits outside the markers (or remove "
                            f"the file) to get the card written")
-        head, tail = rest[:begin.start()], rest[end + len(END) + 2:]
-    return f"{front}{head}{BEGIN.format(digest=_digest(front, body))}\n{body}\n{END}\n{tail}"
+        head, tail = rest[:begin.start()], rest[end.end():]
+    text = f"{front}{head}{BEGIN.format(digest=_digest(front, body))}\n{body}\n{END}\n{tail}"
+    return text.replace("\n", "\r\n") if crlf else text
