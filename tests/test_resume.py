@@ -246,3 +246,46 @@ def test_resuming_a_nan_checkpoint_unverified_is_stopped_as_diverged(setup, cras
         Trainer(cfg(name, "trainer.merge_with_start=0.5", "trainer.resume_unverified=true")).fit()
     assert not (root / name / "final").exists() and not (root / name / "tuned").exists()
     assert list(read_jsonl(root / name / "metrics.jsonl"))[-1]["stop_reason"] == "diverged"
+
+
+# ---- a refused resume says what changed --------------------------------------------------------------------
+
+def test_a_run_hashed_with_the_older_weights_digest_is_told_what_changed(setup):
+    """A checkpoint (and a final model) of a run trained before whole-file weights digests records a config
+    hash made with the older digest (first and last MiB; care.training.checkpoint.legacy_weights_digest, the
+    same value as the older care/models/hub.py gave), and no config_parts: the same config is refused, and
+    the message says that only the starting weights' digest changed and how to go on, not to 'use the config
+    it was trained with'."""
+    from care.data.io import read_json, write_json
+    from care.training.checkpoint import config_hash, legacy_weights_digest, write_manifest
+
+    root, cfg, _ = setup
+    Trainer(cfg("legacy", "trainer.max_steps_this_session=2")).fit()
+    folder = root / "legacy" / "checkpoints" / "step-0000002"
+    state = torch.load(folder / "state.pt", weights_only=True)
+    old = config_hash(cfg("legacy"), legacy_weights_digest)
+    assert state["config_parts"] and old != state["config_hash"]
+    state.pop("config_parts")
+    torch.save({**state, "config_hash": old}, folder / "state.pt")
+    write_manifest(folder)
+    with pytest.raises(ResumeError, match=rf"belongs to another config \(hash {old}, this run's is \w+; the config, "
+                                          r"the training files and the starting weights are the same: only the "
+                                          r"digest of the starting weights changed .*Move .*legacy away or choose "
+                                          r"another run_name= .* or pass overwrite=true"):
+        Trainer(cfg("legacy"))
+
+    Trainer(cfg("legacy-final", "trainer.max_steps=2")).fit()
+    record = root / "legacy-final" / "final" / "care_training.json"
+    write_json(record, {**read_json(record), "config_hash": config_hash(cfg("legacy-final", "trainer.max_steps=2"),
+                                                                         legacy_weights_digest)})
+    with pytest.raises(ResumeError, match=r"final model of another run .*only the digest of the starting weights "
+                                          r"changed .*Move the folder away or choose another run_name="):
+        Trainer(cfg("legacy-final", "trainer.max_steps=2"))
+
+
+def test_a_refused_checkpoint_names_the_part_of_the_config_that_differs(setup):
+    _, cfg, _ = setup
+    Trainer(cfg("parts", "trainer.max_steps_this_session=2")).fit()
+    with pytest.raises(ResumeError, match=r"what differs: the recipe \(the config's settings that shape the "
+                                          r"weights\)\): resuming would mix two runs"):
+        Trainer(cfg("parts", "trainer.lr=0.001"))

@@ -29,6 +29,8 @@ with a note of its size, by the run's next start, which holds the folder's lock 
 """
 from __future__ import annotations
 
+import contextlib
+import hashlib
 import json
 import os
 import random
@@ -78,16 +80,76 @@ class AlreadyFinished(ResumeError):
         self.summary = summary
 
 
-def config_hash(cfg: DictConfig) -> str:
+def _hashed(cfg: DictConfig, digest=weights_digest) -> dict:
+    """What config_hash hashes; `digest`: how a starting-weights folder is digested."""
+    c = recipe(OmegaConf.to_container(cfg, resolve=True), ignore=())
+    c["data_digest"] = [file_digest(cfg.data.texts), file_digest(cfg.data.examples)]
+    paths = [tower["path"] for tower in tower_configs(cfg.model)]
+    c["start_weights"] = [digest(p) for p in paths] if len(paths) > 1 else digest(paths[0])
+    return c
+
+
+def config_hash(cfg: DictConfig, digest=weights_digest) -> str:
     """What determines the trained weights: the config's recipe with its seed (care.config.recipe: without the
     run settings a run may resume with other values of, newer keys at their neutral value left out, prompts
     under their older keys), plus the content of the training files and the starting weights (not their paths,
     which may move)."""
-    c = recipe(OmegaConf.to_container(cfg, resolve=True), ignore=())
-    c["data_digest"] = [file_digest(cfg.data.texts), file_digest(cfg.data.examples)]
-    paths = [tower["path"] for tower in tower_configs(cfg.model)]
-    c["start_weights"] = [weights_digest(p) for p in paths] if len(paths) > 1 else weights_digest(paths[0])
-    return json_digest(c, 16, sort_keys=True)
+    return json_digest(_hashed(cfg, digest), 16, sort_keys=True)
+
+
+# The parts of the hash a checkpoint records beside it (state.pt `config_parts`), so a refused resume can say
+# which of them changed.
+PARTS = {"recipe": "the recipe (the config's settings that shape the weights)", "data_digest": "the training "
+         "files' content", "start_weights": "the starting weights (model.path's content)"}
+
+
+def config_parts(cfg: DictConfig) -> dict:
+    c = _hashed(cfg)
+    return {"recipe": json_digest({k: v for k, v in c.items() if k not in PARTS}, 16, sort_keys=True),
+            "data_digest": c["data_digest"], "start_weights": c["start_weights"]}
+
+
+# The older digest's own choice of files (care/models/hub.py before #33.3), frozen here
+LEGACY_SKIPPED = frozenset({"manifest.json", "README.md", "modules.json", "config_sentence_transformers.json",
+                            "sentence_bert_config.json", "router_config.json"})
+LEGACY_SUFFIXES = frozenset({".safetensors", ".bin", ".pt", ".json", ".txt", ".model"})
+
+
+def legacy_weights_digest(folder: str | Path) -> str:
+    """The starting weights' digest before whole-file digests (care/models/hub.py weights_digest, #33.3): names,
+    sizes and the first and last MiB of each weight file.  Only to recognise a run hashed with it."""
+    folder = Path(folder)
+    if not folder.is_dir():
+        return str(folder)
+    h = hashlib.sha256()
+    for f in sorted(folder.iterdir()):
+        if f.name not in LEGACY_SKIPPED and f.suffix in LEGACY_SUFFIXES and f.is_file():
+            size = f.stat().st_size
+            h.update(f.name.encode() + str(size).encode())
+            with f.open("rb") as fh:
+                h.update(fh.read(1 << 20))
+                if size > 2 << 20:
+                    fh.seek(-(1 << 20), 2)
+                    h.update(fh.read())
+    return h.hexdigest()[:16]
+
+
+def what_changed(cfg: DictConfig | None, theirs: str, parts: dict | None) -> str:
+    """Why a recorded config hash `theirs` is not this config's: the parts that differ (when the record has
+    them), or that only the starting weights' digest changed (the run was hashed with the older digest), else
+    the three things the hash covers."""
+    if cfg is not None and parts:
+        mine = config_parts(cfg)
+        changed = [PARTS[k] for k in PARTS if parts.get(k) != mine[k]]
+        if changed:
+            return "what differs: " + "; ".join(changed)
+    if cfg is not None:
+        with contextlib.suppress(Exception):  # a folder or file that cannot be read now: say the general thing
+            if config_hash(cfg, legacy_weights_digest) == theirs:
+                return ("the config, the training files and the starting weights are the same: only the digest of "
+                        "the starting weights changed (whole weight files since #33.3; it was hashed with their "
+                        "first and last MiB), so this run cannot prove it is the same run")
+    return "the recipe, the training files' content or the starting weights differ"
 
 
 # ---- the manifest: every file's size and digest --------------------------------------------------------
@@ -158,8 +220,8 @@ def set_rng_state(state: dict) -> None:
 class RunFolder:
     """output_dir of one run, seen by every process (`accelerator`): checks, checkpoints, resume."""
 
-    def __init__(self, out: Path, config_hash: str, accelerator):
-        self.out, self.hash, self.accelerator = Path(out), config_hash, accelerator
+    def __init__(self, out: Path, config_hash: str, accelerator, cfg: DictConfig | None = None):
+        self.out, self.hash, self.accelerator, self.cfg = Path(out), config_hash, accelerator, cfg
 
     def check(self, overwrite: bool) -> None:
         """Refuse a folder holding another run's final model; skip this run's own; clear it on overwrite.
@@ -176,7 +238,8 @@ class RunFolder:
                                       f"finished (config {self.hash}): skipped. Pass overwrite=true to train again.",
                                       {"best_metric": validation.get("best"), "final": str(info.parent)})
             raise ResumeError(f"{info.parent} already holds the final model of another run (config {theirs}); "
-                              f"this config is {self.hash}. Choose another run_name= or pass overwrite=true to replace it.")
+                              f"this config is {self.hash}: {what_changed(self.cfg, theirs, None)}. Move the folder "
+                              f"away or choose another run_name= to keep it, or pass overwrite=true to replace it.")
         if overwrite and self.accelerator.is_main_process:
             for name in RUN_OUTPUTS:
                 path = self.out / name
@@ -202,8 +265,9 @@ class RunFolder:
         final = self.out / "checkpoints" / f"step-{step:07d}"
         if acc.is_main_process:
             with atomic_folder(final) as tmp:
-                torch.save({**state, "step": step, "config_hash": self.hash, "num_processes": acc.num_processes},
-                           tmp / "state.pt")
+                parts = config_parts(self.cfg) if self.cfg is not None else None
+                torch.save({**state, "step": step, "config_hash": self.hash, "config_parts": parts,
+                            "num_processes": acc.num_processes}, tmp / "state.pt")
                 for rank, r in enumerate(rng):
                     torch.save(r, tmp / f"rng-{rank}.pt")
                 if write_model is not None:
@@ -271,10 +335,12 @@ class RunFolder:
             raise ResumeError(f"{folder} is not a checkpoint (no state.pt)")
         state = _read(folder / "state.pt")
         if state["config_hash"] != self.hash:
+            theirs = state["config_hash"]
             raise ResumeError(
-                f"checkpoint {folder} belongs to another config (hash {state['config_hash']}, this run's is "
-                f"{self.hash}): resuming would mix two runs. Use the config it was trained with, another "
-                f"run_name= (a new output folder), trainer.resume=null, or overwrite=true to start over.")
+                f"checkpoint {folder} belongs to another config (hash {theirs}, this run's is {self.hash}; "
+                f"{what_changed(self.cfg, theirs, state.get('config_parts'))}): resuming would mix two runs. Move "
+                f"{self.out} away or choose another run_name= to keep it and start anew, or pass overwrite=true "
+                f"(or trainer.resume=null) to start over in it.")
         if state["num_processes"] != acc.num_processes:
             raise ResumeError(f"checkpoint {folder} was written by {state['num_processes']} processes, this run "
                               f"has {acc.num_processes}: the data position and RNG streams would not match")

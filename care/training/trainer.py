@@ -87,7 +87,7 @@ class Trainer:
         acc = self.accelerator
         require_training_files(cfg.data.texts, cfg.data.examples)  # before hashing them: say what writes them
         self.hash = config_hash(cfg)
-        self.folder = RunFolder(self.out, self.hash, acc)
+        self.folder = RunFolder(self.out, self.hash, acc, cfg)
         self.run_lock = lock_run_folder(self.out, "training", acc, force=cfg.get(FORCE_KEY, False))
         self.folder.check(cfg.overwrite)
         self.log_rows = RunLog(self.out, acc, cfg, self.hash)
