@@ -258,15 +258,16 @@ def read_json(work, path: str) -> dict:
 
 
 def _kept_rows(store: TextStore, keep: np.ndarray) -> Iterator[dict]:
-    """The rows at the kept positions in order, read range by range."""
+    """The rows at the kept positions in order, read range by range and parsed by json as the native engine
+    parses them (so kept.jsonl is written from the very same values)."""
     starts = store.manifest["starts"]
     for lo, hi in pairwise(starts):
         a, b = np.searchsorted(keep, lo), np.searchsorted(keep, hi)
         if a == b:
             continue
         wanted = set(keep[a:b].tolist())
-        for pos, row in store.range_rows(lo, hi):
+        for pos, line in store.range_lines(lo, hi):
             if pos in wanted:
-                yield row
+                yield json.loads(line.decode("utf-8"))
 
 

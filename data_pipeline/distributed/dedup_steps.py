@@ -130,16 +130,16 @@ class TextStore:
         return (starts[rank], starts[rank + 1]) if rank + 1 < len(starts) else (0, 0)
 
     def rows(self, positions: np.ndarray) -> list[dict]:
-        """The rows at these positions (in the given order), parsed as the native engine parses them (json)."""
+        """The rows at these positions (in the given order)."""
         out = []
         with open_file(self.manifest["input"], "rb") as fh:
             for offset in self.offsets[np.asarray(positions, dtype=np.int64)].tolist():
                 fh.seek(offset)
-                out.append(json.loads(fh.readline()))
+                out.append(_loads(fh.readline()))
         return out
 
-    def range_rows(self, lo: int, hi: int) -> Iterator[tuple[int, dict]]:
-        """(position, row) for positions lo..hi-1, read as one span of the input."""
+    def range_lines(self, lo: int, hi: int) -> Iterator[tuple[int, bytes]]:
+        """(position, the row's line as bytes) for positions lo..hi-1, read as one span of the input."""
         if hi <= lo:
             return
         offsets = self.offsets[lo:hi]
@@ -151,7 +151,12 @@ class TextStore:
         for k, offset in enumerate(offsets.tolist()):
             start = offset - base
             end = span.find(b"\n", start)
-            yield lo + k, _loads(span[start:end if end >= 0 else len(span)])
+            yield lo + k, span[start:end if end >= 0 else len(span)]
+
+    def range_rows(self, lo: int, hi: int) -> Iterator[tuple[int, dict]]:
+        """(position, row) for positions lo..hi-1."""
+        for pos, line in self.range_lines(lo, hi):
+            yield pos, _loads(line)
 
 
 class StoreReader(BaseReader):

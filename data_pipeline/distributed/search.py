@@ -141,6 +141,7 @@ class Plan:
     geometry: dict
     index: dict            # build_index's options (care/retrieval/index.py); kind flat = exact
     self_search: bool      # the queries are the database's rows: one vectors file
+    exact_ties: bool = True  # knn: settle a tie at the k-th place as one index does (else: highest ids kept)
 
     @property
     def g(self) -> Geometry:
@@ -172,7 +173,8 @@ class Plan:
 
 def make_plan(mode: str, n_queries: int, n_database: int, dim: int, *, k: int = 0, radius: float = 0.0,
               calls: list | None = None, shard_rows: int = 262144, query_rows: int = 16384,
-              threads: int | None = None, index: dict | None = None, self_search: bool = False) -> Plan:
+              threads: int | None = None, index: dict | None = None, self_search: bool = False,
+              exact_ties: bool = True) -> Plan:
     """Cells of a search: database shards of `shard_rows` and query blocks of `query_rows` rounded up to FAISS's
     tiles (a call's last partial block joins the one before it, so no block is smaller than the tile a call
     would give it); a range search's blocks are its calls."""
@@ -190,7 +192,7 @@ def make_plan(mode: str, n_queries: int, n_database: int, dim: int, *, k: int = 
             starts.pop()
         blocks += [[a, b, c] for a, b in zip(starts, [*starts[1:], c1])]
     return Plan(mode, int(dim), int(n_queries), int(n_database), int(k), float(radius), calls, blocks, shards,
-                asdict(g), dict(index or {"kind": "flat"}), bool(self_search))
+                asdict(g), dict(index or {"kind": "flat"}), bool(self_search), bool(exact_ties))
 
 
 # ---- one cell ---------------------------------------------------------------------------------------------
@@ -279,10 +281,27 @@ def approximate_cell(plan: Plan, xq: np.ndarray, xb: np.ndarray, s0: int, index)
 
 # ---- the merge --------------------------------------------------------------------------------------------
 
+def _order_keys(D: np.ndarray, I: np.ndarray) -> np.ndarray:
+    """One uint64 per entry that sorts as (score, id) ascending, an empty slot (id -1) below all: the score's
+    float32 bits mapped to an order-preserving uint32 (-0.0 counted as 0.0) above the id's 32 bits.  One sort
+    of these is several times faster than a lexsort of the two keys."""
+    u = (np.asarray(D, np.float32) + np.float32(0.0)).view(np.uint32).astype(np.uint64)
+    ordered = np.where(u >> np.uint64(31), ~u & np.uint64(0xFFFFFFFF), u | np.uint64(0x80000000))
+    key = (ordered << np.uint64(32)) | (np.asarray(I).astype(np.uint64) & np.uint64(0xFFFFFFFF))
+    return np.where(np.asarray(I) < 0, np.uint64(0), key)
+
+
 def _sorted_top(part: dict, k: int) -> dict:
     """Each row's entries by (score desc, id desc), empty slots (id -1) last, cut to k."""
     D, I = part["scores"], part["ids"]
-    order = np.lexsort((-I, -D, I < 0), axis=-1)[:, :k]
+    if I.size and int(I.max()) >= 1 << 32:
+        raise ValueError("the sharded search numbers database rows in 32 bits: more than 4,294,967,295 rows")
+    key = ~_order_keys(D, I)   # ascending = (score desc, id desc); keys are distinct (the ids are)
+    if k < key.shape[1]:
+        best = np.argpartition(key, k - 1, axis=1)[:, :k]
+        order = np.take_along_axis(best, np.argsort(np.take_along_axis(key, best, 1), axis=1), 1)
+    else:
+        order = np.argsort(key, axis=1)
     return {"scores": np.take_along_axis(D, order, 1), "ids": np.take_along_axis(I, order, 1)}
 
 
@@ -343,7 +362,7 @@ def merge_block(plan: Plan, b: int, parts: list[dict], xq: np.ndarray | None = N
         return {"scores": parts[0]["scores"], "ids": parts[0]["ids"], "ties": 0}
     S, J, tied = merge_knn(parts, plan.k)
     rows = np.flatnonzero(tied)
-    if len(rows) and plan.exact:
+    if len(rows) and plan.exact and plan.exact_ties:
         full = full_rows(plan, b, xq, database, rows)
         for n, r in enumerate(rows.tolist()):
             S[r], J[r] = faiss_select(full[n], plan.k)
@@ -525,6 +544,7 @@ class Settings:
     query_rows: int = 16384
     encode_shard: int = 8192
     threads: int | None = None
+    exact_ties: bool = True
     work_dir: str | None = None
 
     @classmethod
@@ -535,7 +555,7 @@ class Settings:
             raise ValueError(f"tasks={tasks}: the sharded engine needs at least one task")
         return cls(executor=executor, tasks=int(tasks), shard_rows=int(s.get("shard_rows", 262144)),
                    query_rows=int(s.get("query_rows", 16384)), encode_shard=int(s.get("encode_shard", 8192)),
-                   threads=s.get("threads"),
+                   threads=s.get("threads"), exact_ties=bool(s.get("exact_ties", True)),
                    work_dir=str(s.get("work_dir") or Path(cache_root) / "sharded_search"))
 
 
@@ -543,7 +563,7 @@ def _run(kind: str, queries: np.ndarray, database: np.ndarray, settings: Setting
     self_search = queries is database
     plan = make_plan(kind, len(queries), len(database), database.shape[1], shard_rows=settings.shard_rows,
                      query_rows=settings.query_rows, threads=settings.threads, self_search=self_search,
-                     **plan_args)
+                     exact_ties=settings.exact_ties, **plan_args)
     if settings.work_dir is None:
         raise ValueError("the sharded search needs a work folder (sharded.work_dir)")
     t0 = time.perf_counter()

@@ -7,7 +7,7 @@ SLURM_JOB_ID, SLURM_JOB_NAME, SLURM_NODELIST set; output to its --output file, %
 records the job's state: COMPLETED when every index exited 0, else FAILED.  A job whose --dependency names
 an afterok job that did not complete never runs: it stays PENDING with reason DependencyNeverSatisfied, as
 a real cluster leaves it (until scancel).  State lives in $FAKE_SLURM_DIR: jobs.jsonl has one line per
-submission (id, name, array size, state).  srun runs its command; $FAKE_SLURM_FAIL lists "jobname:index"
+submission (id, name, array size, state, dependency, whether it is datatrove's stats-merging job).  srun runs its command; $FAKE_SLURM_FAIL lists "jobname:index"
 tasks whose srun exits 1 instead, a task lost on a node.  Linked as sbatch, srun, scontrol, squeue, scancel.
 """
 import json
@@ -35,12 +35,13 @@ def sbatch(args: list[str]) -> int:
     script = Path(script_path).read_text()
     options = dict(re.findall(r"^#SBATCH --([\w-]+)=?(.*)$", script, flags=re.MULTILINE))
     export = next((a.split("=", 1)[1] for a in args if a.startswith("--export=")), "ALL")
-    dependency = next((a.split("=", 1)[1] for a in args if a.startswith("--dependency=")), "")
+    dependency = next((a.split("=", 1)[1] for a in args if a.startswith("--dependency=")),
+                      options.get("dependency", ""))   # on the command line, or in the script
     all_jobs = jobs()
     job_id = str(1000 + len(all_jobs))
     first, last = map(int, re.match(r"(\d+)-(\d+)", options.get("array", "0-0")).groups())
     job = {"id": job_id, "name": options.get("job-name", ""), "array": last - first + 1, "state": "RUNNING",
-           "dependency": dependency}
+           "dependency": dependency, "merge_stats": "merge_stats " in script}
     STATE.mkdir(parents=True, exist_ok=True)
     (STATE / f"{job_id}.sh").write_text(script)   # datatrove deletes its file when sbatch returns
     state = {j["id"]: j["state"] for j in all_jobs}
