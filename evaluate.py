@@ -10,8 +10,9 @@ Every model runs through the same task runners (care.evaluation.tasks) via the E
 embeddings cached on disk (a re-run encodes nothing).  Outputs go to `out_dir` (outputs/eval/<run>/):
 <model>/<benchmark>/<task>.json, summary.json, summary.md (printed) and slots.png; every path in the JSON
 files is relative to out_dir.  A second run into an out_dir that holds a summary.json adds its rows to it (a
-row of the same name is replaced) and says so; one scored on other benchmarks or settings is refused before
-any scoring (care.evaluation.run_folder; overwrite=true replaces it).  With ckpt=, every scored model folder
+row of the same name and model folder is replaced) and says so; one scored on other benchmarks or settings, or
+a row that would take the name of another model's row, is refused before any scoring
+(care.evaluation.run_folder; overwrite=true replaces it).  With ckpt=, every scored model folder
 this project trained (one holding care_training.json) gets the generated part of its README.md model card
 rewritten with its row: the table, the gain intervals, the efficiency columns and the model-index
 (care.export.card; the user's own text around it is kept).
@@ -36,10 +37,10 @@ from care.encoders import build_encoder
 from care.encoders.cache import EmbeddingCache
 from care.encoders.registry import TRAINING_RECORD
 from care.errors import app_errors
-from care.evaluation import corpora, efficiency, run_folder
+from care.evaluation import corpora, efficiency, rerank, run_folder
 from care.evaluation.benchmarks import averages, run_task
 from care.evaluation.corpora import evaluation_model
-from care.evaluation.entries import check_model_folders, model_entries
+from care.evaluation.entries import check_model_folders, model_entries, model_folders
 from care.evaluation.report import benchmarks_json, columns, gains, plot_steps, write_summary
 from care.evaluation.significance import cell_items, gain_interval
 from care.export.card import refresh_card
@@ -92,7 +93,7 @@ def evaluate_model(entry: dict, scorer, loaded: list[tuple], cfg: dict, out: Pat
                 "primary": spec.primary, "value": 100 * primary[spec.key], "scores": per_method,
                 "counts": {k: v for k, v in data.counts.items() if k != "read"}, "reader": data.counts.get("read"),
                 "seconds": round(time.perf_counter() - start, 2), "items": items.get(method)}
-            write_json(out / run_folder.slug(entry["name"]) / bench.name / f"{spec.key}.json", record)
+            write_json(out / entry["folder"] / bench.name / f"{spec.key}.json", record)
             details[f"{bench.name}/{spec.key}"] = per_method
             if spec.slot:
                 scores[f"{bench.name}/{spec.key}"] = 100 * primary[spec.key]
@@ -104,7 +105,9 @@ def evaluate_model(entry: dict, scorer, loaded: list[tuple], cfg: dict, out: Pat
         for key, value in averages(bench, primary).items():
             scores[f"{bench.name}/{key}"] = value
     return {"name": entry["name"], "label": entry["label"], "fingerprint": scorer.fingerprint,
-            "model_path": run_folder.relative(entry.get("model", {}).get("path"), out), "truncate_dim": entry.get("model", {}).get("truncate_dim"),
+            "model_path": run_folder.relative(entry.get("model", {}).get("path"), out),
+            "model_folders": entry.get("model_folders"), "folder": entry["folder"],
+            "truncate_dim": entry.get("model", {}).get("truncate_dim"),
             "baseline": bool(entry.get("baseline")), "scores": scores, "methods": details, "items": by_cell}
 
 
@@ -153,11 +156,17 @@ def evaluate(cfg: DictConfig | dict) -> dict:
     start = time.perf_counter()
     entries = model_entries(cfg)
     check_model_folders(entries, cfg)  # before the benchmarks are read (minutes): a wrong model.path fails at once
+    rerank.check(entries, cfg)  # a cross-encoder row's rerank.k and rerank.retriever, likewise
     loaded = load_benchmarks(cfg)
+    rerank.check(entries, cfg, loaded)  # ... and a task it scores
     steps = {"benchmarks_s": round(time.perf_counter() - start, 2)}
     benches = [b for b, _ in loaded]
     key = {"benchmarks": benchmarks_json(benches, out), "columns": columns(benches), "scoring": run_folder.scoring(cfg)}
     earlier, dropped, note = run_folder.earlier_rows(out, key, overwrite=bool(cfg.get("overwrite")))  # before scoring
+    for entry in entries:  # what makes a row the same model as an earlier row of its name
+        paths = model_folders(entry)
+        entry["model_folders"] = None if paths is None else [run_folder.relative(p, out) for p in paths]
+    run_folder.claim(out, entries, earlier)  # each row's per-task folder; another model under a row's name refused
     cache = EmbeddingCache(cfg["cache"]["dir"], enabled=cfg["cache"]["enabled"])
     timing_texts = efficiency_texts(loaded, cfg)
     rows = []
@@ -175,7 +184,8 @@ def evaluate(cfg: DictConfig | dict) -> dict:
         rows.append(row)
         del scorer
         gc.collect()
-    merged, merged_note = run_folder.merge([run_folder.with_items(out, r, key["columns"]) for r in earlier], rows)
+    kept, kept_notes = run_folder.with_items(out, earlier)
+    merged, merged_note = run_folder.merge(kept, rows)
     t0 = time.perf_counter()
     gain_intervals(merged, seed=cfg["seed"], over=cfg.get("gain_over"))
     steps["gain_intervals_s"] = round(time.perf_counter() - t0, 2)
@@ -187,7 +197,7 @@ def evaluate(cfg: DictConfig | dict) -> dict:
                 "load_average_1m": round(os.getloadavg()[0], 1), "cpus": os.cpu_count()}
     t0 = time.perf_counter()
     table = write_summary(out, run, benches, merged, settings, key["scoring"])
-    run_folder.drop_folders(out, dropped, [r["name"] for r in rows])
+    run_folder.drop_folders(out, dropped, rows)
     cards = refresh_cards(entries, rows, out / "summary.json") if cfg.get("ckpt") else []
     if cfg.get("ckpt") and (curve := plot_steps(out / "steps.png", [b for b, _ in loaded], rows,
                                                 Path(cfg["ckpt"]).expanduser() / "metrics.jsonl")):
@@ -201,7 +211,7 @@ def evaluate(cfg: DictConfig | dict) -> dict:
             n = r["encoded"]
             print(f"{r['name']}: encoded {n['query']} query and {n['document']} document texts, "
                   f"{n['from_cache']} from the cache")
-    for line in (note, merged_note):
+    for line in (note, merged_note, *kept_notes):
         if line:
             print(line)
     print(f"written to {out}")
@@ -219,6 +229,9 @@ def refresh_cards(entries: list[dict], rows: list[dict], summary_path: Path) -> 
     for entry, row in zip(entries, rows):
         path = (entry.get("model") or {}).get("path")
         if entry.get("baseline") or not path or not (Path(path) / TRAINING_RECORD).is_file():
+            continue
+        if entry.get("untrained_head"):  # rerank.allow_untrained_head=true: not the folder's own scores
+            print(f"model card of {row['name']} left as it was: scored with an untrained head", file=sys.stderr)
             continue
         try:
             card = refresh_card(path, summary, row["name"])

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import re
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -27,15 +26,12 @@ import numpy as np
 
 from care.config import recipe, recipe_group
 from care.data.io import DataError, atomic_open, read_json, save_figure, write_json
-from care.data.numbers import fmt_interval
+from care.data.numbers import fmt_gain, fmt_interval
 from care.encoders.registry import TRAINING_RECORD
 from care.errors import app_errors
+from care.evaluation.run_folder import folder_of
 from care.evaluation.significance import cell_items, gain_interval
 from care.paths import outputs_dir
-
-
-def _slug(text: str) -> str:  # evaluate.py's folder name of a model
-    return re.sub(r"[^A-Za-z0-9_.-]+", "_", text).strip("_") or "model"
 
 
 def _flat(d: dict, prefix: str = "") -> dict[str, str]:
@@ -82,7 +78,7 @@ def load_rows(runs: Sequence[str | Path]) -> list[dict]:
                     group = f"model:{m['name']}"
                 else:  # its recipe, and the training data by content when the record names its digest
                     group = recipe_group({**config, "training_data": digest} if digest else config)
-                rows.append({"run": str(run), "name": m["name"], "label": m["label"], "scores": m["scores"],
+                rows.append({"run": str(run), "name": m["name"], "folder": folder_of(m), "label": m["label"], "scores": m["scores"],
                              "config": config, "seed": config.get("seed") if config else None,
                              "group": group, "columns": s["columns"]})
         except (KeyError, TypeError, AttributeError) as e:
@@ -123,7 +119,7 @@ def pooled_items(group: dict, column: str) -> dict | None:
     bench, task, *metric = column.split("/")
     records = []
     for r in group["rows"]:
-        path = Path(r["run"]) / _slug(r["name"]) / bench / f"{task}.json"
+        path = Path(r["run"]) / r["folder"] / bench / f"{task}.json"
         if task == "avg" or not path.is_file():
             return None
         record = read_json(path)
@@ -195,7 +191,7 @@ def markdown(result: dict) -> str:
         cells = []
         for c in cols:
             i = gain["intervals"].get(c)
-            cells.append("" if not i else f"{i['difference']:+.2f} {fmt_interval(i)}")
+            cells.append("" if not i else f"{fmt_gain(i['difference'])} {fmt_interval(i)}")
         lines.append("| " + " | ".join([f"gain of {gain['of']} over {gain['over']}", "pooled", *cells]) + " |")
     if result["gains"]:
         lines += ["", ("Mean ± sd over each group's runs (seeds). Gain: paired bootstrap over the queries (STS: "

@@ -25,8 +25,7 @@ def checkpoint_models(ckpt: str, model_cfg: dict, checkpoints: str = "best_final
     if not path.is_dir():
         raise FileNotFoundError(f"ckpt={ckpt}: {path} is not a folder")
     if (own := detect(path, model_cfg)) is not None:
-        # a training run's final/, best/ or tuned/ folder is named after its run: "cpu_default-me5_small/final"
-        return [(f"{path.parent.name}/{path.name}" if path.name in ("final", "best", "tuned") else path.name, own)]
+        return [(row_name(path), own)]
     found = [(f"{path.name}/{sub.name}", c) for sub in sorted(path.iterdir())
              if sub.is_dir() and (c := detect(sub, model_cfg)) is not None]
     if checkpoints == "all":
@@ -44,6 +43,19 @@ def checkpoint_models(ckpt: str, model_cfg: dict, checkpoints: str = "best_final
         raise ValueError(f"ckpt={ckpt}: {path} is not a model checkpoint (no config.json, care_training.json or "
                          f"M3 head files) and holds no checkpoint folders.{hint}")
     return found
+
+
+def row_name(folder: Path) -> str:
+    """The row name of one model folder: a training run's final/, best/ or tuned/ is named after its run
+    ("cpu_default-me5_small/final"), a saved checkpoint's model/ (<run>/checkpoints/step-N/model) as
+    checkpoints=all names it ("<run>/step-N"), any other folder by its name."""
+    folder = Path(folder)
+    if folder.name in ("final", "best", "tuned"):
+        return f"{folder.parent.name}/{folder.name}"
+    step = folder.parent
+    if folder.name == CHECKPOINT_MODEL and step.name.startswith("step-") and step.parent.name == "checkpoints":
+        return f"{step.parent.parent.name}/{step.name}"
+    return folder.name
 
 
 def _model_file(name: str, cfg: dict) -> dict:
@@ -125,6 +137,16 @@ def _configured_path(name: str | None, cfg: dict) -> str | None:
 
 def _same_path(a: str, b: str | None) -> bool:
     return b is not None and Path(os.path.expanduser(str(a))).resolve() == Path(os.path.expanduser(str(b))).resolve()
+
+
+def model_folders(entry: dict) -> list[str] | None:
+    """The folder(s) holding a row's weights: its model's path, or a two-tower model's towers' (None for BM25):
+    what makes a row the same model as an earlier row of its name (care.evaluation.run_folder.claim)."""
+    model = entry.get("model")
+    if not model:
+        return None
+    paths = [side.get("path") for side in tower_configs(model)]
+    return None if not all(paths) else [str(Path(os.path.expanduser(str(p)))) for p in paths]
 
 
 def _identity(model: dict) -> tuple:
