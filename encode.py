@@ -35,6 +35,7 @@ from care.encoders import Encoder, build_encoder
 from care.encoders.cache import EmbeddingCache
 from care.errors import app_errors
 from care.evaluation import corpora
+from care.evaluation.entries import row_name
 from care.families import EMBEDDINGS, require
 from care.progress import progress
 from data_pipeline import benchmarks as builders
@@ -115,6 +116,8 @@ def encode(cfg: DictConfig | dict, accelerator=None, on_shard=None) -> dict:
     with acc.main_process_first():  # a stand-in benchmark is built by the main process, then read by all
         groups, counts = corpus_groups(cfg, show_progress=main)
     encoder = build_encoder(model, device=str(acc.device), backend=cfg.get("backend", "auto"))
+    # ckpt=<folder>: labelled by the folder as evaluate.py names its row (the config's name is model='s)
+    label = row_name(Path(cfg["ckpt"]).expanduser().resolve()) if cfg.get("ckpt") else encoder.name
     heads = encoder.select_heads(cfg.get("heads"))  # as evaluation's scorer picks them: part of the cache key
     shards = make_shards(encoder, groups, int(cfg["shard_size"]))
     cache = EmbeddingCache(cfg["cache"]["dir"])
@@ -127,7 +130,7 @@ def encode(cfg: DictConfig | dict, accelerator=None, on_shard=None) -> dict:
     mine = shards[rank::world]
     done = {"rank": rank, "encoded": 0, "skipped": 0, "repaired": 0, "left": 0, "texts": 0, "encode_seconds": 0.0}
     max_shards = cfg.get("max_shards")
-    bar = progress(total=len(mine), desc=f"encode {encoder.name} documents (process 0 of {world})", unit="shard",
+    bar = progress(total=len(mine), desc=f"encode {label} documents (process 0 of {world})", unit="shard",
                    enabled=main)
     for shard in mine:
         state = cache.chunk_state(shard.fingerprint, SIDE, heads, shard.texts)  # damaged: reported, encoded again
@@ -153,7 +156,7 @@ def encode(cfg: DictConfig | dict, accelerator=None, on_shard=None) -> dict:
     per_process = sorted(gather_object([done]), key=lambda d: d["rank"])
 
     encoded_texts = sum(p["texts"] for p in per_process)
-    stats = {"model": encoder.name, "fingerprints": fingerprints, "heads": list(heads),
+    stats = {"model": label, "fingerprints": fingerprints, "heads": list(heads),
              "folders": [str(cache.folder(fp, SIDE, heads)) for fp in fingerprints],
              "texts": sum(len(t) for _, t in groups), "unique_texts": sum(len(s.texts) for s in shards),
              "sources": counts, "shard_size": int(cfg["shard_size"]), "shards": len(shards),

@@ -17,12 +17,14 @@ settings, conf/score/default.yaml).
 """
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 from omegaconf import DictConfig, OmegaConf
 
 from care.paths import portable
 from data_pipeline.score import distinct_pairs
-from data_pipeline.teachers import CrossEncoderTeacher, cross_fingerprint, resolve_teacher
+from data_pipeline.teachers import CrossEncoderTeacher, cross_fingerprint, folder_kind, resolve_teacher
 
 JUDGE_KEYS = ("judge", "judge_rule", "judge_margin")  # conf/mine/default.yaml; off (and unfingerprinted) when judge is null
 JUDGE_RULES = ("drop", "relabel")
@@ -37,11 +39,16 @@ def judge_spec(opts: dict, cfg: DictConfig) -> dict | None:
         raise ValueError(f"mine.judge_rule={opts.get('judge_rule')!r}: choose one of {', '.join(JUDGE_RULES)}")
     if float(opts.get("judge_margin") or 0.0) < 0:
         raise ValueError(f"mine.judge_margin={opts['judge_margin']}: a margin is >= 0 (0 = at or above the positive)")
-    spec = resolve_teacher(opts["judge"], cfg)
-    if spec["kind"] != "cross-encoder":
-        raise ValueError(f"mine.judge={opts['judge']}: a judge is a cross-encoder folder (a reranker's final/, or a "
-                         "one-label *ForSequenceClassification folder), not a bi-encoder")
-    return spec
+    judge = str(opts["judge"])
+    folder = Path(judge).expanduser()
+    what = "a judge is a cross-encoder folder (a reranker's final/, or a one-label *ForSequenceClassification folder)"
+    if not folder.is_dir():  # said here: the teacher's words would name teacher= and a conf/model file
+        raise ValueError(f"mine.judge={judge}: no such folder ({folder.resolve()}); {what}")
+    kind = folder_kind(folder.resolve())
+    if kind != "cross-encoder":
+        found = f"a sequence {kind}" if kind else "not a cross-encoder folder"
+        raise ValueError(f"mine.judge={judge}: {folder.resolve()} is {found}; {what}, not a bi-encoder")
+    return resolve_teacher(judge, cfg)
 
 
 def score_options(cfg: DictConfig) -> dict:

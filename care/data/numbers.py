@@ -3,26 +3,31 @@
 below both evaluation and export, so the two layers share one copy (docs/design.md, "Layers")."""
 from __future__ import annotations
 
+import math
+
 
 def fmt_number(value, digits: int = 2) -> str:
-    """`value` with thousands separators and `digits` decimals; an absent value reads n/a."""
-    if value is None:
+    """`value` with thousands separators and `digits` decimals; an absent or undefined (NaN) value reads n/a."""
+    if value is None or math.isnan(value):
         return "n/a"
     return f"{value:,.{digits}f}" if digits else f"{value:,.0f}"
 
 
 def fmt_interval(interval: dict | None) -> str:
-    """A gain's 95% interval {low, high}; `*` marks one that excludes 0 (more than the evaluation set's noise)."""
+    """A gain's 95% interval {low, high}; `*` marks one that excludes 0 (more than the evaluation set's noise).
+    An undefined one (low/high None or NaN: care.evaluation.significance `undefined` says why) reads n/a."""
     if not interval:
         return ""
+    if any(interval.get(k) is None or math.isnan(interval[k]) for k in ("low", "high")):
+        return "n/a"
     mark = "*" if interval["low"] > 0 or interval["high"] < 0 else ""
     return f"[{interval['low']:+.2f}, {interval['high']:+.2f}]{mark}"
 
 
 def fmt_gain(value, reference=0.0) -> str:
     """A gain, `value - reference`, signed with 2 decimals (a difference already taken: `fmt_gain(d)`); n/a when
-    either is absent."""
-    return "n/a" if value is None or reference is None else f"{value - reference:+.2f}"
+    either is absent or undefined (NaN)."""
+    return "n/a" if value is None or reference is None or math.isnan(value - reference) else f"{value - reference:+.2f}"
 
 
 #: The efficiency columns of an evaluation table (evaluate.py's report, the model card): (the key in a row's

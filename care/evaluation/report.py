@@ -73,6 +73,10 @@ def markdown(run: str, benchmarks: list[Benchmark], rows: list[dict], settings: 
     for r, ref in gains(rows, settings.get("gain_over")):
         lines += gain_rows(f"gain of {r['label']} over {ref['label']}", r["scores"], ref["scores"],
                            r.get("gain", {}).get("intervals"), [c["key"] for c in cols])
+    undefined = [f"{r['label']}, {c['title']}: {i['undefined']}" for r in rows for c in cols
+                 if (i := (r.get("gain") or {}).get("intervals", {}).get(c["key"])) and i.get("undefined")]
+    if undefined:  # the reason an interval reads n/a
+        lines += ["", "Intervals that read n/a: " + "; ".join(undefined) + "."]
     if any(r.get("gain") for r in rows):
         lines += ["", ("Gain intervals: paired bootstrap over the task's queries (STS: its pairs), 2,000 resamples "
                        "(care/evaluation/significance.py); * = the interval excludes 0, a difference larger than "

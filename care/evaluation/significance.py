@@ -39,15 +39,30 @@ def _pearson_difference(a: np.ndarray, b: np.ndarray, gold: np.ndarray, axis: in
     return _pearson(a, gold, axis) - _pearson(b, gold, axis)
 
 
-def _interval(data: tuple[np.ndarray, ...], statistic, seed: int, resamples: int) -> dict[str, float]:
+def _interval(data: tuple[np.ndarray, ...], statistic, seed: int, resamples: int) -> dict:
+    """The interval; when the statistic is undefined on the set or on some resamples (Pearson of a constant
+    prediction: a few STS pairs with tied scores), `low` and `high` are None and `undefined` says why (the
+    percentiles of a distribution holding NaN are NaN, which a table would print as [+nan, +nan])."""
+    import warnings
+
     from scipy import stats  # imported here: only a table with a gain row needs it
 
-    observed = float(statistic(*data))
-    result = stats.bootstrap(data, statistic, paired=True, vectorized=True, n_resamples=resamples,
-                             confidence_level=CONFIDENCE, method="percentile", rng=np.random.default_rng(seed))
-    return {"difference": observed, "low": float(result.confidence_interval.low),
-            "high": float(result.confidence_interval.high), "items": len(data[0]),
-            "resamples": resamples, "confidence": CONFIDENCE}
+    with np.errstate(invalid="ignore", divide="ignore"), warnings.catch_warnings():
+        warnings.simplefilter("ignore", stats.DegenerateDataWarning)  # said in `undefined` instead
+        observed = float(statistic(*data))
+        result = stats.bootstrap(data, statistic, paired=True, vectorized=True, n_resamples=resamples,
+                                 confidence_level=CONFIDENCE, method="percentile", rng=np.random.default_rng(seed))
+    out = {"difference": observed, "low": float(result.confidence_interval.low),
+           "high": float(result.confidence_interval.high), "items": len(data[0]),
+           "resamples": resamples, "confidence": CONFIDENCE}
+    if not np.isfinite(observed):
+        return {**out, "difference": None, "low": None, "high": None,
+                "undefined": f"the difference is undefined on the {len(data[0])} items themselves (a constant score)"}
+    if not (np.isfinite(out["low"]) and np.isfinite(out["high"])):
+        bad = int((~np.isfinite(result.bootstrap_distribution)).sum())
+        return {**out, "low": None, "high": None,
+                "undefined": f"undefined on {bad} of {resamples} resamples: {len(data[0])} items are too few"}
+    return out
 
 
 def paired_query_bootstrap(a: Mapping[str, float], b: Mapping[str, float], *, seed: int = 0,
@@ -74,7 +89,8 @@ def paired_pearson_bootstrap(a: Sequence[float], b: Sequence[float], gold: Seque
 
 def gain_interval(items: Mapping, reference: Mapping, *, seed: int = 0) -> dict[str, float] | None:
     """The bootstrap of one table cell from two models' per-item records (evaluate.py's `items`), on the
-    0-100 scale of the table; None when either model has no per-item record for it."""
+    0-100 scale of the table; None when either model has no per-item record for it; `low` and `high` None,
+    with `undefined` saying why, when the statistic has no value to resample (see _interval)."""
     if not items or not reference:
         return None
     if "predicted" in items:  # STS
@@ -83,7 +99,7 @@ def gain_interval(items: Mapping, reference: Mapping, *, seed: int = 0) -> dict[
         result = paired_pearson_bootstrap(items["predicted"], reference["predicted"], items["gold"], seed=seed)
     else:
         result = paired_query_bootstrap(items["per_query"], reference["per_query"], seed=seed)
-    return {**result, **{k: 100 * result[k] for k in ("difference", "low", "high")}}
+    return {**result, **{k: None if result[k] is None else 100 * result[k] for k in ("difference", "low", "high")}}
 
 
 def cell_items(record: dict | None, metric: str) -> dict | None:
