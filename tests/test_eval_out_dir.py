@@ -148,6 +148,10 @@ def test_another_model_under_a_row_name_is_refused_and_the_same_model_replaces_i
     evaluate(_cfg(task_paths, tmp_path, f"ckpt={a}", "baselines=[]"))  # the same model again: its row replaced
     assert "1 replaced (model)" in capsys.readouterr().out
     assert list(_rows(out)) == ["run/step-0000005", "run/step-0000006", "model"]
+    shutil.copytree(a, tmp_path / "c" / "model")  # the same weights in another folder: the same model
+    evaluate(_cfg(task_paths, tmp_path, f"ckpt={tmp_path / 'c' / 'model'}", "baselines=[]"))
+    assert "1 replaced (model)" in capsys.readouterr().out
+    assert _rows(out)["model"]["model_folders"] == ["../c/model"]
 
     # model= rows: the model under test named as a baseline of another folder is two rows of one name
     _tiny(tmp_path / "models_root" / "models" / "tiny-bert", 9)

@@ -25,7 +25,8 @@ method, the Acc@N seed, BM25's settings).  overwrite=true starts the summary afr
 dropped, and their per-task folders removed, with a line saying so.
 
 A row is one model: a new row replaces the earlier row of its name only when it scores the same model
-folder(s) (`model_folders`, relative to out_dir) -- the same model re-evaluated.  Two row names that make one
+folder(s) (`model_folders`, relative to out_dir), or a folder of the same weights -- the same model
+re-evaluated.  Two row names that make one
 folder name ("run/final" and "run_final") get two folders (the second one's name ends in a digest of its
 row name), so no row reads another's per-task files.
 """
@@ -133,11 +134,26 @@ def _absolute(paths: list[str], out: Path) -> list[str]:
     return [os.path.normpath(Path(out).resolve() / p) for p in paths]
 
 
+def _same_model(before: list[str], now: list[str]) -> bool:
+    """The same folders, or folders holding the same weights (a model copied, or a cache root moved: the
+    weights digest, memoised, is read only for a row name that two folders share)."""
+    if before == now:
+        return True
+    if not all(Path(p).is_dir() for p in before + now):
+        return False
+    from care.models.hub import weights_digest
+
+    try:
+        return [weights_digest(p) for p in before] == [weights_digest(p) for p in now]
+    except (OSError, ValueError):  # a folder that cannot be read: not known to be the same model
+        return False
+
+
 def claim(out: Path, entries: list[dict], earlier: list[dict]) -> None:
     """Before any scoring: each new row's per-task folder (entry["folder"]), and the refusals.
 
     A new row named as an earlier one replaces it only when both score the same model folder(s)
-    (entry["model_folders"], relative to `out`): the same model re-evaluated.  Another model under that name
+    (entry["model_folders"], relative to `out`), or folders of the same weights: the same model re-evaluated.  Another model under that name
     is refused in one line (it would replace the other's scores), as are two new rows of one name.  A row
     that replaces one keeps its folder; a new row's folder is slug(name), or, when another row holds that
     folder ("run/final" and "run_final"), slug(name) and a digest of the name."""
@@ -154,7 +170,7 @@ def claim(out: Path, entries: list[dict], earlier: list[dict]) -> None:
         if old is None:
             continue
         before, now = row_folders(old), e.get("model_folders")
-        if before is not None and now is not None and _absolute(before, out) != _absolute(now, out):
+        if before is not None and now is not None and not _same_model(_absolute(before, out), _absolute(now, out)):
             raise ValueError(
                 f"{summary} has a row {e['name']!r} of another model ({', '.join(_absolute(before, out))}); this one "
                 f"({', '.join(_absolute(now, out))}) would replace it: evaluate it into another run_name= (or "
