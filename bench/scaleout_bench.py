@@ -9,7 +9,8 @@ The stores are written once under the work folder (default /tmp/scaleout_bench; 
 
 Each engine runs the real stage (`data_pipeline.dedup.stage.run`, stages exact and MinHash, force=true) in its
 own process, niced; datatrove on the local executor, tasks=auto (one per 100,000 texts), one worker per CPU.
-Measured: the wall time of that process and the stage's own seconds (stats.json), the peak resident memory
+Measured: the wall time of that process, the stage's own seconds (stats.json) and the CPU seconds of the
+process and all its children (on a shared machine, the figure the load moves least), the peak resident memory
 of the stage's process and of the largest of its children (getrusage: a datatrove worker, which runs tasks
 one after another), and the peak of the whole process tree sampled every 0.2 s (sum of RSS, and of PSS,
 which counts pages shared by forked workers once).  A run whose tree passes --mem-cap-gb (default 12) is
@@ -93,7 +94,9 @@ def _stage(engine: str, store: str, out: str, cache: str) -> None:
                                         "dedup.roles=null", "dedup.sources=null", f"dedup.engine={engine}",
                                         "force=true", f"cache_root={cache}"])
     stats = run(cfg)
+    own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
     print(json.dumps({"stage_seconds": stats["seconds"], "texts_out": stats["texts_out"],
+                      "cpu_s": round(own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime, 1),
                       "stages": {k: v["seconds"] for k, v in stats["stages"].items()},
                       "engine": stats.get("engine"),
                       "self_peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),

@@ -8,6 +8,7 @@ the steps after it, and the folder again equals the native one.
 """
 from __future__ import annotations
 
+import importlib.util
 import itertools
 import json
 import os
@@ -117,9 +118,10 @@ def test_slurm_stand_in_failure_then_relaunch(store, native, tmp_path, monkeypat
 
 
 @pytest.mark.slow
+@pytest.mark.skipif(importlib.util.find_spec("ray") is None,
+                    reason="ray is the optional extra [ray] (pip install -e '.[ray]': a 79 MB wheel, 240 MB "
+                           "installed; docs/cluster.md): this test runs where it is installed")
 def test_ray_local_cluster(store, native, tmp_path):  # noqa: F811
-    pytest.importorskip("ray", reason="ray is the optional extra [ray] (pip install -e '.[ray]', ~240 MB; "
-                                      "docs/cluster.md): this test runs where it is installed")
     import ray
 
     ref, ref_stats = native
