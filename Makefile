@@ -23,7 +23,7 @@ EVAL := $(OUT_ROOT)/eval
 RUNS := $(OUT_ROOT)/train
 COMPARE := $(OUT_ROOT)/compare
 
-.PHONY: setup model run test test-slow bench bench-scale lint clean data evaluate train nano ablation ablation-long \
+.PHONY: setup model run test test-slow bench bench-scale bench-scaleout lint clean data evaluate train nano ablation ablation-long \
 	ablation-signals care-study care-experiment care-stage2 care-claim
 
 # Idempotent: the stamp is newer than pyproject.toml when nothing changed, and the step is skipped.
@@ -307,6 +307,13 @@ care-claim: model
 bench-scale: model
 	$(PY) -m data_pipeline stage=import
 	$(PY) -m bench.scale_bench
+
+# Exact + MinHash dedup on both engines (dedup.engine=native|datatrove) at 226K, 1M and 4M texts, wall,
+# CPU, memory and planted duplicates found (docs/scale.md, "Past one machine"); hours on 2 shared cores, not
+# part of `make bench`.  Needs the import stage's text store (built here when missing).
+bench-scaleout: setup
+	$(PY) -m data_pipeline stage=import
+	nice -n 10 $(PY) -m bench.scaleout_bench
 
 lint: setup
 	.venv/bin/ruff check care data_pipeline tests bench train.py evaluate.py
