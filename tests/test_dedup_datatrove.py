@@ -144,3 +144,22 @@ def test_tasks_setting_is_checked(store, tmp_path):
         dedup(store, tmp_path / "dt", "datatrove", "dedup.tasks=0")
     with pytest.raises(ValueError, match="dedup.engine='spark'"):
         dedup(store, tmp_path / "x", "spark")
+
+
+def test_filters_blank_lines_and_line_ends(store, tmp_path):
+    """The positions are those of the rows the filters keep: other roles and sources, blank lines, CRLF line
+    ends and a last line without a newline change nothing."""
+    lines = store.read_text(encoding="utf-8").splitlines()[:900]
+    out = []
+    for i, line in enumerate(lines):
+        row = json.loads(line)
+        row["role"] = "question" if i % 5 == 0 else "answer"
+        row["source"] = "y" if i % 7 == 0 else "x"
+        out.append(json.dumps(row, ensure_ascii=False) + ("\r\n" if i % 3 == 0 else "\n") + ("\n" if i % 50 == 0 else ""))
+    src = tmp_path / "mixed.jsonl"
+    src.write_text("".join(out).rstrip("\n"), encoding="utf-8")
+    picked = ["dedup.roles=[answer]", "dedup.sources=[x]"]
+    ref = dedup(src, tmp_path / "native", "native", *picked)
+    stats = dedup(src, tmp_path / "dt", "datatrove", *picked, "dedup.tasks=3")
+    assert_same_folder(tmp_path / "dt", tmp_path / "native", stats, ref)
+    assert ref["rows_filtered_out"] > 200 and stats["stages"]["minhash"]["clusters"] > 0
