@@ -1,5 +1,8 @@
 """`make bench-scaleout`: exact + MinHash dedup on both engines (`dedup.engine=native|datatrove`) at 226K, 1M
-and 4M medical-like Chinese texts; writes bench/results/scaleout.json (docs/scale.md, "Past one machine").
+and 4M medical-like Chinese texts; writes bench/results/scaleout.json (docs/scale.md, "Past one machine"),
+after every run, so a stopped benchmark keeps what it measured.  First (`--equal` alone): both engines on
+the real sets, the import store (every row), its cEpilepsyQA answers and the cMedQA2 answers: identical
+kept.jsonl and clusters.jsonl or not.
 
 Texts: the import stage's 204,583 real texts, then texts recombined from their clauses (split after
 ，。！？；, a seeded draw of as many clauses as a randomly drawn real text has), and PLANTED_SHARE x N planted
@@ -166,8 +169,64 @@ def planted_found(out: Path, planted: list) -> dict:
             "found_of_those": sum(over)}
 
 
+REAL_SETS = {   # name: (store, filters) for the equality check on the real sets (`--equal`)
+    "import store": (None, ["dedup.roles=null", "dedup.sources=null"], "auto"),
+    "cEpilepsyQA answers": (None, ["dedup.roles=[answer]", "dedup.sources=[cepilepsyqa]"], 4),
+    "cMedQA2 answers": ("cmedqa2", ["dedup.roles=null", "dedup.sources=null"], 4),
+}
+
+
+def _cmedqa2_answers(path: Path) -> Path:
+    """Every answer of the shared cMedQA2 pairs (dev and test, tab-separated label, question, answer) as a
+    text store, repeats included (11,624 rows, 9,390 distinct texts)."""
+    import csv
+
+    from care.data.io import write_jsonl
+    from care.paths import shared_data
+
+    rows = []
+    for split in ("dev", "test"):
+        with open(shared_data() / "chineseblue_cmedqa2_pairs" / f"{split}.txt", encoding="utf-8", newline="") as fh:
+            rows += [{"id": f"{split}:{i}", "text": r[2]} for i, r in enumerate(csv.reader(fh, delimiter="\t"))
+                     if len(r) == 3 and r[2].strip()]
+    write_jsonl(path, rows)
+    return path
+
+
+def equal_on_real_sets(work: Path) -> dict:
+    """Both engines on the import store (every row), its cEpilepsyQA answers and the cMedQA2 answers, stages
+    exact and MinHash: the counts, and whether kept.jsonl and clusters.jsonl are the same bytes."""
+    from care.config import load_config
+    from care.data.io import file_digest
+    from care.paths import outputs_dir
+    from data_pipeline.dedup.stage import run as run_stage
+
+    out = {}
+    for name, (store, filters, tasks) in REAL_SETS.items():
+        src = _cmedqa2_answers(work / "cmedqa2_answers.jsonl") if store == "cmedqa2" else \
+            outputs_dir() / "data" / "import" / "texts.jsonl"
+        row = {}
+        for engine in ("native", "datatrove"):
+            folder = work / "equal" / f"{name.replace(' ', '_')}_{engine}"
+            t0 = time.perf_counter()
+            stats = run_stage(load_config("data_pipeline", [
+                f"++input={src}", f"++out={folder}", "dedup.stages=[exact,minhash]", *filters, "force=true",
+                f"dedup.engine={engine}", f"dedup.tasks={tasks}", f"cache_root={work / 'cache'}"]))
+            row[engine] = {"seconds": round(time.perf_counter() - t0, 1), "texts_in": stats["texts_in"],
+                           **{f"after_{s}": v["out"] for s, v in stats["stages"].items()},
+                           **{f"{s}_clusters": v["clusters"] for s, v in stats["stages"].items()},
+                           **{f: file_digest(folder / f) for f in ("kept.jsonl", "clusters.jsonl")}}
+        row["datatrove"]["tasks"] = tasks
+        row["identical"] = all(row["native"][f] == row["datatrove"][f] for f in ("kept.jsonl", "clusters.jsonl"))
+        out[name] = row
+        print(f"scaleout: {name}: " + json.dumps(row), flush=True)
+    return out
+
+
 def run(sizes=SIZES, engines=("native", "datatrove"), work: Path = Path("/tmp/scaleout_bench"),
-        mem_cap_gb: float = 12.0) -> dict:
+        mem_cap_gb: float = 12.0, save=lambda result: None) -> dict:
+    """The three sizes, each engine in turn; `save(result)` after every run, so a run stopped half-way
+    leaves what it measured."""
     real = _real_texts()
     result: dict = {"sizes": list(sizes), "planted_share": PLANTED_SHARE, "seed": SEED, "runs": []}
     for n in sizes:
@@ -186,12 +245,14 @@ def run(sizes=SIZES, engines=("native", "datatrove"), work: Path = Path("/tmp/sc
                 row["planted"] = planted_found(out, info["planted"])
                 outs[engine] = out
             result["runs"].append(row)
+            save(result)
             print(f"scaleout: {engine} at {n:,}: " + json.dumps({k: v for k, v in row.items() if k != "failed"}),
                   flush=True)
         if len(outs) == 2:
             same = all((outs["native"] / f).read_bytes() == (outs["datatrove"] / f).read_bytes()
                        for f in ("kept.jsonl", "clusters.jsonl"))
             result["runs"][-1]["identical_to_native"] = same
+            save(result)
     return result
 
 
@@ -202,6 +263,7 @@ def main() -> None:
     ap.add_argument("--work", type=Path, default=Path("/tmp/scaleout_bench"))
     ap.add_argument("--mem-cap-gb", type=float, default=12.0)
     ap.add_argument("--out", type=Path, default=None, help="default bench/results/scaleout.json")
+    ap.add_argument("--equal", action="store_true", help="only the equality check on the real sets")
     ap.add_argument("--stage", nargs=4, metavar=("ENGINE", "STORE", "OUT", "CACHE"), help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.stage:
@@ -211,12 +273,19 @@ def main() -> None:
     from care.data.io import write_json
     from care.paths import PROJECT_ROOT
 
-    start = time.perf_counter()
-    result = run(args.sizes, args.engines, args.work, args.mem_cap_gb)
-    result = {"benchmark": "scaleout", "wall_s": round(time.perf_counter() - start, 1),
-              "date": time.strftime("%Y-%m-%d %H:%M:%S"), "machine": machine(), **result}
-    write_json(args.out or PROJECT_ROOT / "bench" / "results" / "scaleout.json", result)
-    print(json.dumps(result, indent=2)[:6000])
+    start, date = time.perf_counter(), time.strftime("%Y-%m-%d %H:%M:%S")
+    target = args.out or PROJECT_ROOT / "bench" / "results" / "scaleout.json"
+    head = {"benchmark": "scaleout", "date": date, "machine": machine(), "load_at_start": os.getloadavg()}
+    partial: dict = {}
+
+    def save(result: dict) -> None:
+        partial.update(result)
+        write_json(target, {**head, "wall_s": round(time.perf_counter() - start, 1), **partial})
+
+    save({"equal_on_real_sets": equal_on_real_sets(args.work)})
+    if not args.equal:
+        run(args.sizes, args.engines, args.work, args.mem_cap_gb, save)
+    print(json.dumps(json.loads(target.read_text(encoding="utf-8")), indent=2)[:6000])
 
 
 if __name__ == "__main__":
