@@ -5,8 +5,9 @@ turns an exception into a one-line error at its edge:
         ...
 
 - what the user can fix (a bad input file or setting: DataError and the other ValueErrors, KeyError,
-  FileNotFoundError, FloatingPointError; an OSError naming its file; a full disk; a corrupt parquet, JSON,
-  pickle or torch file) ends the app with `<app>: error: <message>` on one line of stderr and exit status 1;
+  FileNotFoundError, FloatingPointError, MissingPackage; an OSError naming its file; a full disk; a corrupt
+  parquet, JSON, pickle or torch file) ends the app with `<app>: error: <message>` on one line of stderr and
+  exit status 1;
 - Ctrl-C (KeyboardInterrupt) ends it with `<app>: interrupted; the same command resumes where it stopped`
   and exit status 130 (the shell's for SIGINT);
 - anything else (a bug) keeps its traceback.
@@ -27,8 +28,14 @@ import zipfile
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 
+
+class MissingPackage(ImportError):
+    """An optional package a setting needs is not installed (onnxruntime for backend=onnx): the user's to fix,
+    by installing it or choosing another setting, which the message says."""
+
+
 # What a user's input can get wrong (a DataError is a ValueError): one line on stderr, exit status 1.
-BAD_INPUT = (FileNotFoundError, ValueError, KeyError, FloatingPointError)
+BAD_INPUT = (FileNotFoundError, ValueError, KeyError, FloatingPointError, MissingPackage)
 
 INTERRUPTED = "interrupted; the same command resumes where it stopped"
 FULL_DISK_ERRNOS = {errno.ENOSPC, getattr(errno, "EDQUOT", errno.ENOSPC)}
@@ -85,7 +92,7 @@ def full_disk(path: str | Path | None, writes_to: str | Path | None = None) -> s
     return f"no space left on {mount} {what}{_free(mount)}; free some space and run the same command again"
 
 
-def _is_full_disk(e: BaseException) -> bool:
+def is_full_disk(e: BaseException) -> bool:
     if isinstance(e, OSError) and e.errno in FULL_DISK_ERRNOS:
         return True
     text = str(e).lower()
@@ -100,7 +107,7 @@ def _arrow_exception() -> tuple[type, ...]:
 def describe(e: BaseException, writes_to: str | Path | None = None,
              extra: tuple[type, ...] = ()) -> str | None:
     """The one line for an error the user can fix, or None for one that should keep its traceback."""
-    if _is_full_disk(e):
+    if is_full_disk(e):
         return full_disk(getattr(e, "filename", None), writes_to)
     if isinstance(e, RuntimeError) and any(t in str(e) for t in TORCH_WRITE_FAILED):
         return (f"writing a torch file failed ({_first_line(e)}): is the disk full? "

@@ -17,8 +17,16 @@ def shared_data() -> Path:
 
 
 def cache_dir() -> Path:
-    """Built models and embedding caches: git-ignored, never committed (CARE_CACHE moves it)."""
+    """Built models, embedding caches, ONNX exports, the weights-digest memo: git-ignored, never committed.
+    CARE_CACHE moves it, and every app sets CARE_CACHE to its resolved cache_root key (conf/roots.yaml:
+    follow_cache_root), so a command line's cache_root= moves what code without the config puts here too."""
     return Path(os.environ.get("CARE_CACHE", PROJECT_ROOT / ".cache")).resolve()
+
+
+def follow_cache_root(root: str | Path) -> None:
+    """Make an app's resolved cache_root this process's cache root (and its children's): the Hydra apps at
+    job start (care/hydra_callbacks.py), the mteb adapter's command line once it has composed its config."""
+    os.environ["CARE_CACHE"] = str(Path(root).expanduser().resolve())
 
 
 def outputs_dir() -> Path:

@@ -146,7 +146,7 @@ def test_torch_overrides_and_the_rule(tiny_bert_dir, monkeypatch):
     assert build_encoder({**model, "backend": "torch"}, device="cpu").backend == "torch"  # the model's own
     assert onnx_backend.resolve_backend("auto", "cuda") == "torch"  # a GPU runs torch
     assert onnx_backend.resolve_backend("auto", "cpu") == "onnx"
-    monkeypatch.setattr(onnx_backend, "onnx_available", lambda: False)
+    monkeypatch.setattr(onnx_backend, "missing_packages", lambda: ["onnxruntime"])
     assert onnx_backend.resolve_backend("auto", "cpu") == "torch"  # no onnxruntime: torch
 
 

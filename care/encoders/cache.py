@@ -1,6 +1,8 @@
 """An on-disk embedding cache, so re-runs and corpora shared between tasks are not encoded twice.
 
-Layout: `<root>/<side fingerprint>/<side>-<heads>/<hash of a text list>.npz` (Encoder.side_fingerprint).  Each chunk holds the
+Layout: `<root>/<side fingerprint>/<side>-<heads>/<hash of a text list>.npz` (Encoder.side_fingerprint: an
+ONNX side's includes the digest of the verified export that made its vectors, care/encoders/onnx_backend.py
+export_identity, so a damaged export's vectors are never served as the model's).  Each chunk holds the
 embeddings of one list of unique texts plus the SHA-256 of every text in it.  A request whose text list
 was cached as a whole is one file read; otherwise the cache looks every text up across the chunks of
 that encoder and side, encodes only the missing ones and stores them as a new chunk (so a task whose

@@ -27,7 +27,7 @@ import torch
 
 from care.encoders.base import Embeddings, Encoder
 from care.encoders.dense import batched_forward, pick_device, progress_label
-from care.encoders.onnx_backend import OnnxForward, padded_example
+from care.encoders.onnx_backend import OnnxForward, export_identity, padded_example
 from care.encoders.prompts import Prompts
 from care.models.hub import weights_digest
 from care.models.towers import Tower, care_towers
@@ -85,7 +85,9 @@ class CAREEncoder(Encoder):
         ident = {"class": type(self).__name__, "side": side, "tower": self.towers[side].identity(),
                  "prompt": self.prompts.of(side)}
         # only a non-default backend is recorded (as care/encoders/dense.py does): torch keys stay the old ones
-        return {**ident, "backend": self.backend} if side == "query" and self.backend != "torch" else ident
+        # and an ONNX query side the digest of the export it runs (care/encoders/onnx_backend.py export_identity)
+        return ({**ident, "backend": self.backend, **export_identity(self._onnx)}
+                if side == "query" and self.backend != "torch" else ident)
 
     @property
     def online_parameters(self) -> int:

@@ -34,7 +34,7 @@ import torch
 from transformers import AutoTokenizer
 
 from care.encoders.base import Embeddings, Encoder, config_args
-from care.encoders.onnx_backend import OnnxForward, padded_example
+from care.encoders.onnx_backend import OnnxForward, export_identity, padded_example
 from care.encoders.prompts import Prompts
 from care.models.hub import load_encoder_model, resolve_model_path, weights_digest
 from care.models.pooling import pool
@@ -149,7 +149,8 @@ class HFDenseEncoder(Encoder):
                  "max_length": self.max_length, "normalize": self.normalize, "dim": self.truncate_dim}
         # Only a non-default backend is recorded, so the fingerprints of torch encoders (and their caches) are
         # the ones they had before backends existed.
-        return ident if self.backend == "torch" else {**ident, "backend": self.backend}
+        # an ONNX side adds the digest of the export it runs (care/encoders/onnx_backend.py export_identity)
+        return ident if self.backend == "torch" else {**ident, "backend": self.backend, **export_identity(self._onnx)}
 
     @property
     def online_parameters(self) -> int:

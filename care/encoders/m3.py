@@ -16,7 +16,7 @@ import torch
 
 from care.encoders.base import Embeddings, Encoder, config_args
 from care.encoders.dense import batched_forward, pick_device, progress_label
-from care.encoders.onnx_backend import OnnxForward, padded_example
+from care.encoders.onnx_backend import OnnxForward, export_identity, padded_example
 from care.encoders.prompts import Prompts
 from care.models import HEADS
 from care.models.hub import weights_digest
@@ -74,7 +74,8 @@ class M3Encoder(Encoder):
         # only a cut or a backend other than torch is recorded, so uncut torch encoders keep the fingerprints (and
         # caches) they had before
         ident = {**ident, "dim": self.truncate_dim} if self.truncate_dim else ident
-        return ident if self.backend == "torch" else {**ident, "backend": self.backend}
+        # an ONNX side adds the digest of the export it runs (care/encoders/onnx_backend.py export_identity)
+        return ident if self.backend == "torch" else {**ident, "backend": self.backend, **export_identity(self._onnx)}
 
     @property
     def online_parameters(self) -> int:

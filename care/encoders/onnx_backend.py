@@ -13,6 +13,14 @@ int8, the input names, the torch and transformers versions).  It is written whol
 under a lock (filelock), so processes loading the same model at once export it once; a later load reads the
 file (seconds) instead of exporting again (10-20 s for me5_small).  `EXPORTS` counts this process's exports.
 
+The folder is not trusted because it exists: beside model.onnx, `digests.json` records the size and
+whole-content xxh3_128 of every file the export wrote, and every load checks them before a session is made
+(`verify_export`; each file's digest memoised by its identity, care.models.hub.memoised_digest, so an unchanged
+export is read once).  A file changed on disk, truncated, emptied or missing, or a folder from before digests
+were recorded, is exported again with one line on stderr, instead of giving wrong vectors (a flipped weight
+byte) or an `InvalidProtobuf` traceback on every later run.  The export's digest enters the encoder side's
+identity (`export_identity`), so the embedding cache keys vectors by the export that made them.
+
 Two cores run a batch faster as two one-thread halves than as one two-thread whole: ONNX Runtime's
 intra-op threads split each operator and wait for each other at every one of its ~400 nodes, while two
 concurrent one-thread runs never wait (measured on the evaluation's documents, 2 cores: 2,240 tokens/s one run
@@ -28,8 +36,10 @@ it (tests/test_inference_backend.py).  int8 is never sliced: its activation scal
 """
 from __future__ import annotations
 
+import errno
 import itertools
 import logging
+import sys
 import tempfile
 import warnings
 from collections.abc import Callable
@@ -42,27 +52,60 @@ INSTALL_HINT = "pip install onnxruntime==1.32.0 onnx==1.23.2"
 #: what an export depends on besides the weights: a change here makes a new cached export
 EXPORT_SETTINGS = {"exporter": "torchscript", "opset": 17, "output": "last_hidden_state", "axes": "batch,tokens"}
 ONNX_FOLDER = "onnx"  # under the cache root (care.paths.cache_dir)
+DIGESTS = "digests.json"  # beside model.onnx: every exported file's size and xxh3_128 (verify_export)
+ONNX_BACKENDS = ("onnx", "onnx_int8")
 EXPORTS = 0  # exports made by this process (tests: a second load of a model exports nothing)
+_SAID: set[str] = set()  # lines said once per process (resolve_backend's fallback)
+
+
+def missing_packages() -> list[str]:
+    """Of onnxruntime (runs an export) and onnx (torch's exporter writes with it), those that cannot be
+    imported here."""
+    missing = []
+    for name in ("onnxruntime", "onnx"):
+        try:
+            __import__(name)
+        except ImportError:
+            missing.append(name)
+    return missing
 
 
 def onnx_available() -> bool:
     """Whether the fp32 ONNX backend can run here: onnxruntime to run it, onnx for torch's exporter."""
-    try:
-        import onnx  # noqa: F401
-        import onnxruntime  # noqa: F401
-    except ImportError:
-        return False
-    return True
+    return not missing_packages()
+
+
+def require_onnx(what: str) -> None:
+    """MissingPackage (one line at the app's edge, care/errors.py) when `what` (a backend setting) cannot run
+    here for want of onnxruntime or onnx."""
+    from care.errors import MissingPackage
+
+    if missing := missing_packages():
+        raise MissingPackage(f"{what} needs {' and '.join(missing)}, which cannot be imported here: install "
+                             f"{'it' if len(missing) == 1 else 'them'} ({INSTALL_HINT}) or use backend=torch")
 
 
 def resolve_backend(requested: str, device: str | None, supported: bool = True) -> str:
     """The backend that runs an inference forward pass: `auto` is ONNX Runtime fp32 (`onnx`) on the CPU when
-    onnxruntime and onnx import and the model supports it, else torch (a GPU, or no onnxruntime); any other
-    value is kept.  Training never comes here: its encoders are built with torch (care/training)."""
+    onnxruntime and onnx import and the model supports it, else torch (a GPU, or no onnxruntime: said once
+    per process on stderr, with how to install it); any other value is kept, an ONNX one refused in one line
+    when onnxruntime or onnx is missing.  Training never comes here: its encoders are built with torch
+    (care/training)."""
+    if requested in ONNX_BACKENDS:
+        require_onnx(f"backend={requested}")
     if requested != "auto":
         return requested
     on_cpu = device in (None, "auto") and not torch.cuda.is_available() or str(device).startswith("cpu")
-    return "onnx" if supported and on_cpu and onnx_available() else "torch"
+    if not (supported and on_cpu):
+        return "torch"
+    if missing := missing_packages():
+        line = (f"backend auto: running torch, not ONNX Runtime: {' and '.join(missing)} cannot be imported "
+                f"({INSTALL_HINT} for the faster CPU path, or backend=torch to say so)")
+        if line not in _SAID:
+            _SAID.add(line)
+            print(line, file=sys.stderr, flush=True)
+        return "torch"
+    return "onnx"
 
 
 def padded_example(tokenize: Callable[[list[str]], dict]) -> dict[str, torch.Tensor]:
@@ -81,6 +124,56 @@ def export_key(weights: str, model: torch.nn.Module, names: list[str], int8: boo
     return json_digest(key, 24, sort_keys=True)
 
 
+def record_export(folder: Path) -> str:
+    """Write `folder`/digests.json: the size and whole-content xxh3_128 of every file the export wrote (before
+    the folder is published); the export's digest."""
+    from care.data.io import file_digest, write_json
+
+    files = {f.name: {"size": f.stat().st_size, "xxh3_128": file_digest(f, "xxh3_128", chars=None)}
+             for f in sorted(folder.iterdir()) if f.is_file() and f.name != DIGESTS}
+    write_json(folder / DIGESTS, {"files": files})
+    return _digest_of(files)
+
+
+def _digest_of(files: dict) -> str:
+    from care.data.io import json_digest
+
+    return json_digest(files, 16, sort_keys=True)
+
+
+def verify_export(folder: Path) -> tuple[str | None, str]:
+    """(the export's digest, "") when every file digests.json records is in `folder` with its size and
+    xxh3_128 (each memoised by the file's identity: an unchanged export is read once), else (None, what is
+    wrong): "missing" when there is no export yet."""
+    from care.data.io import read_json
+    from care.models.hub import memoised_digest
+
+    if not (folder / "model.onnx").is_file():
+        return None, "missing"
+    try:
+        files = read_json(folder / DIGESTS)["files"]
+        recorded = {name: (int(f["size"]), str(f["xxh3_128"])) for name, f in files.items()}
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return None, f"has no readable {DIGESTS} (an export made before its files' digests were recorded, or torn)"
+    if "model.onnx" not in recorded:
+        return None, f"has a {DIGESTS} that does not record model.onnx"
+    for name, (size, digest) in sorted(recorded.items()):
+        f = folder / name
+        if not f.is_file():
+            return None, f"lacks {name}"
+        if (now := f.stat().st_size) != size:
+            return None, f"{name} is {now:,} bytes, {size:,} when it was exported (truncated or changed)"
+        if memoised_digest(f) != digest:
+            return None, f"{name} does not match the digest recorded when it was exported (changed on disk)"
+    return _digest_of(files), ""
+
+
+def export_identity(forward: OnnxForward | None) -> dict:
+    """What an encoder side's identity adds for its ONNX forward pass: the digest of the export it runs, so the
+    embedding cache keys vectors by the export that made them (nothing for a torch side)."""
+    return {} if forward is None else {"export": forward.digest}
+
+
 class OnnxForward:
     """`model(**batch).last_hidden_state` of a Hugging Face encoder, by ONNX Runtime: the model is exported
     (torch.onnx, the TorchScript exporter, dynamic batch and sequence axes), optionally quantised to int8
@@ -91,17 +184,15 @@ class OnnxForward:
 
     def __init__(self, model: torch.nn.Module, example: dict[str, torch.Tensor], int8: bool = False,
                  what: str = "the onnx / onnx_int8 backends", weights: str | None = None):
-        try:
-            import onnxruntime  # noqa: F401  (loaded in _load; imported here to say what is missing)
-        except ImportError as e:
-            raise ImportError(f"{what} need onnxruntime and onnx ({INSTALL_HINT})") from e
+        self.digest = ""  # the export's (export_identity), set once it is verified or made
+        require_onnx(what)  # before any export: one line saying how to install it
         self.names = list(example)
         # int8 batches are never sliced (module docstring): one thread a slice, the threads torch has
         self.workers = 1 if int8 else max(1, torch.get_num_threads())
         if weights is None:
             with tempfile.TemporaryDirectory() as tmp:
-                path = self._build(model, example, int8, Path(tmp))
-                self._load(path)
+                self.digest = self._build(model, example, int8, Path(tmp))
+                self._load(Path(tmp) / "model.onnx")
             return
         self.path = self.cached(model, example, int8, weights)
         self._load(self.path)
@@ -123,39 +214,53 @@ class OnnxForward:
         self._pool = None
 
     def cached(self, model: torch.nn.Module, example: dict[str, torch.Tensor], int8: bool, weights: str) -> Path:
-        """The cached export's model.onnx, made first when missing (once, whatever number of processes ask)."""
+        """The cached export's model.onnx, verified against the digests recorded when it was written
+        (verify_export); made first when missing, made again (one line) when it fails them: once, whatever
+        number of processes ask."""
         from filelock import FileLock
 
         from care.data.io import atomic_folder
+        from care.errors import is_full_disk
         from care.paths import cache_dir
 
         folder = cache_dir() / ONNX_FOLDER / export_key(weights, model, self.names, int8)
-        done = folder / "model.onnx"
-        if not done.is_file():
+        digest, problem = verify_export(folder)
+        if digest is None:
             folder.parent.mkdir(parents=True, exist_ok=True)
             with FileLock(str(folder) + ".lock"):
-                if not done.is_file():  # another process may have made it while this one waited
-                    with atomic_folder(folder) as tmp:
-                        built = self._build(model, example, int8, tmp)
-                        built.rename(tmp / "model.onnx")
-        return done
+                # another process may have made (or remade) it while this one waited
+                digest, problem = verify_export(folder)
+                if digest is None:
+                    if problem != "missing":
+                        print(f"ONNX export {folder} {problem}: exporting it again", file=sys.stderr, flush=True)
+                    try:
+                        with atomic_folder(folder) as tmp:
+                            digest = self._build(model, example, int8, tmp)
+                    except Exception as e:
+                        if is_full_disk(e):  # torch's writer names no file: say the export's, not the app's disk
+                            raise OSError(errno.ENOSPC, "No space left on device", str(folder)) from e
+                        raise
+        self.digest = digest
+        return folder / "model.onnx"
 
-    def _build(self, model: torch.nn.Module, example: dict[str, torch.Tensor], int8: bool, tmp: Path) -> Path:
+    def _build(self, model: torch.nn.Module, example: dict[str, torch.Tensor], int8: bool, tmp: Path) -> str:
+        """The export written to `tmp`/model.onnx with its digests.json (record_export); its digest."""
         path = tmp / "model.fp32.onnx"
         self._export(model, example, path)
-        if not int8:
-            return path
-        from onnxruntime.quantization import QuantType, quantize_dynamic
+        if int8:
+            from onnxruntime.quantization import QuantType, quantize_dynamic
 
-        quantized = tmp / "model.int8.onnx"
-        previous = logging.root.manager.disable
-        logging.disable(logging.WARNING)  # one INFO line per tensor, and advice, to the root logger
-        try:
-            quantize_dynamic(path, quantized, weight_type=QuantType.QInt8, per_channel=True)
-        finally:
-            logging.disable(previous)
-        path.unlink()
-        return quantized
+            quantized = tmp / "model.int8.onnx"
+            previous = logging.root.manager.disable
+            logging.disable(logging.WARNING)  # one INFO line per tensor, and advice, to the root logger
+            try:
+                quantize_dynamic(path, quantized, weight_type=QuantType.QInt8, per_channel=True)
+            finally:
+                logging.disable(previous)
+            path.unlink()
+            path = quantized
+        path.rename(tmp / "model.onnx")
+        return record_export(tmp)
 
     def _export(self, model: torch.nn.Module, example: dict[str, torch.Tensor], path: Path) -> None:
         global EXPORTS

@@ -92,13 +92,14 @@ def weights_digest(folder: str | Path) -> str:
         if f.name in NOT_WEIGHTS:
             continue
         if f.suffix in {".safetensors", ".bin", ".pt", ".json", ".txt", ".model"} and f.is_file():
-            h.update(f"{f.name}\0{f.stat().st_size}\0{_memoised_digest(f)}\n".encode())
+            h.update(f"{f.name}\0{f.stat().st_size}\0{memoised_digest(f)}\n".encode())
     return h.hexdigest()[:16]
 
 
 # ---- the memo of each weight file's digest --------------------------------------------------------------
 # path -> (identity, digest) in this process; on disk one small JSON per file under <cache root>/weights-digests
-# (care.paths.cache_dir: CARE_CACHE moves it), so another process (the next evaluate.py) skips the read too.
+# (care.paths.cache_dir: the app's cache_root, conf/roots.yaml), so another process (the next evaluate.py) skips
+# the read too.
 _MEMO: dict[str, tuple[list[int], str]] = {}
 MEMO_FOLDER = "weights-digests"
 MEMO_ENTRIES = 2000  # past this many on disk, entries of files that no longer exist (temporary folders) go
@@ -113,7 +114,10 @@ def _file_identity(path: Path) -> list[int]:
     return [st.st_size, st.st_mtime_ns, st.st_ino, st.st_dev, st.st_ctime_ns]
 
 
-def _memoised_digest(path: Path) -> str:
+def memoised_digest(path: Path) -> str:
+    """A file's whole-content xxh3_128, memoised by its identity (`_file_identity`) in this process and under
+    the cache root: the weights of a model folder (weights_digest) and the files of a cached ONNX export
+    (care/encoders/onnx_backend.py, checked before every session) are read once while unchanged."""
     path = path.resolve()
     identity = _file_identity(path)
     key = str(path)

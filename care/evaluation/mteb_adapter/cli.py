@@ -31,6 +31,7 @@ from care.evaluation.mteb_adapter.nano import MAIN_SCORES, run_mteb
 from care.evaluation.mteb_adapter.results import meta_fields, results_dir
 from care.evaluation.mteb_adapter.run import compare, print_comparison
 from care.evaluation.mteb_adapter.tasks import benchmark_tasks, cmteb_task
+from care.paths import follow_cache_root
 
 
 def evaluate_config(overrides: Sequence[str]) -> dict:
@@ -136,6 +137,7 @@ def main(argv: Sequence[str]) -> dict:
     if not benchmark and not own["tasks"]:
         raise ValueError(USAGE)
     cfg = evaluate_config(overrides)
+    follow_cache_root(cfg["cache_root"])  # its ONNX exports and digest memo too (the Hydra apps: at job start)
     if not extra:
         cfg["extra_benchmark"] = None
     encoder = encoder_from_config(cfg)
@@ -170,6 +172,7 @@ def _say_results(folder: Path | None, encoder: Encoder, name: str | None, meta: 
 
 def main_nano(own: dict, overrides: Sequence[str]) -> dict:
     cfg = evaluate_config(overrides)
+    follow_cache_root(cfg["cache_root"])
     encoder = encoder_from_config(cfg)
     folder, meta = results_options(own, _model_config(cfg), cfg)
     reranking = _truthy(own["reranking"])
