@@ -10,7 +10,8 @@ from pathlib import Path
 # The CI variables onnxruntime 1.32's libonnxruntime.so reads to leave telemetry off (its strings list them).
 CI_VARIABLES = ("CI", "TF_BUILD", "GITHUB_ACTIONS", "GITLAB_CI", "CIRCLECI", "TRAVIS", "JENKINS_URL",
                 "CODEBUILD_BUILD_ID", "BUILDKITE", "TEAMCITY_VERSION", "APPVEYOR", "BITBUCKET_BUILD_NUMBER")
-MOVED_CACHES = ("MTEB_CACHE", "HF_HOME", "HF_DATASETS_CACHE", "XDG_CACHE_HOME", "HF_HUB_CACHE")
+MOVED_CACHES = ("MTEB_CACHE", "HF_HOME", "HF_DATASETS_CACHE", "XDG_CACHE_HOME", "HF_HUB_CACHE", "MPLCONFIGDIR",
+                "WANDB_CACHE_DIR")
 
 
 def user_env(home: Path, **extra: str) -> dict[str, str]:

@@ -241,3 +241,28 @@ def test_an_out_root_that_cannot_be_written_is_one_line(tmp_path, app, mode):
                                                                          "out_root= (or CARE_OUTPUTS)"),
                         run.stderr.strip()), run.stderr
     assert blocker.read_text(encoding="utf-8") == "mine"
+
+
+def test_a_training_run_writes_nothing_under_home(tmp_path, shared):
+    """train.py (2 steps of the tiny M3, wandb offline as by default, its curves plotted) in a user's
+    environment with HOME a temporary folder: matplotlib's font cache and wandb's debug logs go under the
+    cache root (MPLCONFIGDIR, WANDB_CACHE_DIR set on import), onnxruntime writes no device id: HOME stays
+    empty (without the switches: ~/.cache/matplotlib/fontlist-*.json and ~/.cache/wandb/logs/*.log)."""
+    from _home_helpers import user_env
+    from _training_helpers import make_training_files
+
+    from care.models.m3 import tiny_m3
+
+    home, cache = tmp_path / "home", tmp_path / "cache"
+    home.mkdir()
+    texts, train = make_training_files(tmp_path, shared, n_questions=16)
+    tiny_m3().save(tmp_path / "tiny-m3")
+    env = user_env(home, CARE_CACHE=str(cache), WANDB_MODE="offline", OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1")
+    cmd = [sys.executable, "train.py", "model=tiny_m3", f"model.path={tmp_path / 'tiny-m3'}", f"data.texts={texts}",
+           f"data.examples={train}", f"out_root={tmp_path / 'out'}", "validation.task=null", "trainer.max_steps=2",
+           "trainer.batch_size=8", "trainer.group_size=3"]
+    run = subprocess.run(cmd, check=False, cwd=PROJECT_ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert (tmp_path / "out" / "train" / "cpu_default-tiny_m3" / "curves.png").is_file()
+    assert sorted(home.rglob("*")) == []
+    assert any((cache / "matplotlib").iterdir()) and (cache / "wandb").is_dir()
