@@ -28,6 +28,7 @@ import os
 import random
 import re
 import resource
+import shutil
 import subprocess
 import sys
 import time
@@ -88,20 +89,44 @@ def build_store(n: int, path: Path, real: list[str]) -> dict:
     return info
 
 
+def _step_stats(logs: Path) -> dict:
+    """Per datatrove step (each task's stats file): tasks, their CPU seconds summed and the largest, and the
+    largest peak resident memory of a process that ran one (dedup_steps.py `measured`)."""
+    out = {}
+    for step in sorted(p for p in logs.iterdir() if (p / "stats").is_dir()):
+        cpu, rss, start = [], [], []
+        for path in sorted((step / "stats").glob("*.json")):
+            for entry in json.loads(path.read_text(encoding="utf-8")):
+                if "cpu_seconds" in entry["stats"]:
+                    cpu.append(entry["stats"]["cpu_seconds"]["total"])
+                    rss.append(entry["stats"]["peak_rss_mb"]["total"])
+                    start.append(entry["stats"]["start_rss_mb"]["total"])
+        out[step.name] = {"tasks": len(cpu), "cpu_s": round(sum(cpu), 2), "max_task_cpu_s": round(max(cpu), 2),
+                          "max_task_peak_rss_mb": round(max(rss), 1),
+                          # a worker runs tasks one after another: its peak may be an earlier task's
+                          "max_task_growth_mb": round(max(r - s for r, s in zip(rss, start)), 1)}
+    return out
+
+
 def _stage(engine: str, store: str, out: str, cache: str) -> None:
     """In the measured process: the dedup stage, then this process's and its children's peak memory."""
     from care.config import load_config
     from data_pipeline.dedup.stage import run
 
+    work = Path(cache) / "work"
     cfg = load_config("data_pipeline", [f"++input={store}", f"++out={out}", "dedup.stages=[exact,minhash]",
                                         "dedup.roles=null", "dedup.sources=null", f"dedup.engine={engine}",
-                                        "force=true", f"cache_root={cache}"])
+                                        "force=true", f"cache_root={cache}", "dedup.keep_work=true",
+                                        f"dedup.work_dir={work}"])
+    shutil.rmtree(work, ignore_errors=True)
     stats = run(cfg)
     own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    steps = _step_stats(work / "logs") if engine == "datatrove" else None
+    shutil.rmtree(work, ignore_errors=True)
     print(json.dumps({"stage_seconds": stats["seconds"], "texts_out": stats["texts_out"],
                       "cpu_s": round(own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime, 1),
                       "stages": {k: v["seconds"] for k, v in stats["stages"].items()},
-                      "engine": stats.get("engine"),
+                      "engine": stats.get("engine"), "steps": steps,
                       "self_peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
                       "largest_child_peak_rss_mb":
                           round(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024, 1)}))

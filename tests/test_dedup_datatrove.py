@@ -88,7 +88,7 @@ def test_datatrove_engine_equals_native_for_1_2_4_tasks(store, native, tmp_path,
 @pytest.mark.parametrize("stages", ["[minhash,exact]", "[minhash]", "[exact]"])
 def test_other_stage_orders(store, tmp_path, stages):
     ref = dedup(store, tmp_path / "native", "native", f"dedup.stages={stages}")
-    stats = dedup(store, tmp_path / "dt", "datatrove", f"dedup.stages={stages}", "dedup.tasks=3")
+    stats = dedup(store, tmp_path / "dt", "datatrove", f"dedup.stages={stages}", "dedup.tasks=3", "dedup.workers=1")
     assert_same_folder(tmp_path / "dt", tmp_path / "native", stats, ref)
 
 
@@ -96,7 +96,7 @@ def test_semantic_stage_after_the_datatrove_stages(store, tmp_path, tiny_bert_di
     semantic = ["dedup.stages=[exact,minhash,semantic]", "model=tiny_bert", f"model.path={tiny_bert_dir}",
                 "model.pooling=mean", "dedup.semantic.cosine=0.99", "dedup.semantic.cache=null"]
     ref = dedup(store, tmp_path / "native", "native", *semantic)
-    stats = dedup(store, tmp_path / "dt", "datatrove", *semantic, "dedup.tasks=2")
+    stats = dedup(store, tmp_path / "dt", "datatrove", *semantic, "dedup.tasks=2", "dedup.workers=1")
     assert_same_folder(tmp_path / "dt", tmp_path / "native", stats, ref)
     assert stats["stages"]["semantic"]["clusters"] > 0
     assert (tmp_path / "dt" / "nn_similarity.png").is_file()
@@ -117,11 +117,11 @@ def test_work_folder_kept_on_request_and_resumed(store, native, tmp_path):
     """keep_work leaves every step's completions; a run over them skips every task and writes the same."""
     ref, ref_stats = native
     work = tmp_path / "work"
-    first = dedup(store, tmp_path / "a", "datatrove", "dedup.tasks=2", "dedup.keep_work=true",
+    first = dedup(store, tmp_path / "a", "datatrove", "dedup.tasks=2", "dedup.workers=1", "dedup.keep_work=true",
                   f"dedup.work_dir={work}")
     done = sorted(p.relative_to(work).as_posix() for p in work.glob("logs/*/completions/*"))
     assert len(done) == 2 + 2 + 2 + 2 + 2 + 1   # exact digests, groups; MinHash signatures, buckets, check, clusters
-    second = dedup(store, tmp_path / "b", "datatrove", "dedup.tasks=2", f"dedup.work_dir={work}")
+    second = dedup(store, tmp_path / "b", "datatrove", "dedup.tasks=2", "dedup.workers=1", f"dedup.work_dir={work}")
     assert_same_folder(tmp_path / "b", ref, second, ref_stats)
     assert_same_folder(tmp_path / "a", ref, first, ref_stats)
     assert not work.exists()
@@ -160,6 +160,6 @@ def test_filters_blank_lines_and_line_ends(store, tmp_path):
     src.write_text("".join(out).rstrip("\n"), encoding="utf-8")
     picked = ["dedup.roles=[answer]", "dedup.sources=[x]"]
     ref = dedup(src, tmp_path / "native", "native", *picked)
-    stats = dedup(src, tmp_path / "dt", "datatrove", *picked, "dedup.tasks=3")
+    stats = dedup(src, tmp_path / "dt", "datatrove", *picked, "dedup.tasks=3", "dedup.workers=1")
     assert_same_folder(tmp_path / "dt", tmp_path / "native", stats, ref)
     assert ref["rows_filtered_out"] > 200 and stats["stages"]["minhash"]["clusters"] > 0

@@ -81,40 +81,34 @@ def test_slurm_stand_in_failure_then_relaunch(store, native, tmp_path, monkeypat
     slurm = ["dedup.executor=slurm", "dedup.tasks=2", "dedup.slurm.poll_s=0.1", f"dedup.work_dir={work}",
              "dedup.slurm.partition=cpu", "dedup.slurm.account=med"]
 
-    # a clean run: every step a job array, held behind the one before
-    stats = dedup(store, tmp_path / "ok", "datatrove", *slurm)
-    assert_same_folder(tmp_path / "ok", ref, stats, ref_stats)
-    clean = jobs(state)
-    steps = [j for j in clean if not j["merge_stats"]]   # datatrove adds a stats-merging job per step
-    assert [j["name"] for j in steps] == ["dedup_exact_signature", "dedup_exact_find", "dedup_minhash_signature",
-                                          "dedup_minhash_buckets", "dedup_minhash_verify", "dedup_minhash_cluster"]
-    assert all(j["state"] == "COMPLETED" for j in clean) and [j["array"] for j in steps] == [2, 2, 2, 2, 2, 1]
+    # one task of the exact-Jaccard step lost: the step after it never runs, the stage names the task
+    monkeypatch.setenv("FAKE_SLURM_FAIL", "dedup_minhash_verify:1")
+    with pytest.raises(TasksFailed, match=r"minhash: exact Jaccard: 1 of 2 tasks did not finish \(ranks 1\)"):
+        dedup(store, tmp_path / "out", "datatrove", *slurm)
+    first = jobs(state)
+    steps = [j for j in first if not j["merge_stats"]]   # datatrove adds a stats-merging job per step
+    assert [(j["name"], j["array"]) for j in steps] == [
+        ("dedup_exact_signature", 2), ("dedup_exact_find", 2), ("dedup_minhash_signature", 2),
+        ("dedup_minhash_buckets", 2), ("dedup_minhash_verify", 2), ("dedup_minhash_cluster", 1)]
     # within a stage every step's array waits for the one before (datatrove's afterok on its job id); the
     # MinHash stage is submitted once the exact stage's removals are known
     for before, after in itertools.pairwise(steps):
         first_of_stage = after["name"] == "dedup_minhash_signature"
         assert (f"afterok:{before['id']}" in after["dependency"]) != first_of_stage
-    assert not work.exists()
-
-    # one task of the Jaccard step lost: the steps after it never run, the stage names it
-    monkeypatch.setenv("FAKE_SLURM_FAIL", "dedup_minhash_verify:1")
-    with pytest.raises(TasksFailed, match=r"minhash: exact Jaccard: 1 of 2 tasks did not finish \(ranks 1\)"):
-        dedup(store, tmp_path / "again", "datatrove", *slurm)
-    failed = jobs(state)[len(clean):]
-    by_name = {j["name"]: j for j in failed if not j["merge_stats"]}
-    assert by_name["dedup_minhash_verify"]["state"] == "FAILED"
-    assert by_name["dedup_minhash_cluster"]["state"] == "CANCELLED"   # held for ever, cancelled by the stage
+    assert [j["state"] for j in steps] == ["COMPLETED"] * 4 + ["FAILED", "CANCELLED"]   # held, then cancelled
     done = {p.parent.parent.name: sorted(x.name for x in p.parent.iterdir()) for p in work.glob("logs/*/completions/*")}
     assert done["minhash_verify"] == ["00000"] and "minhash_cluster" not in done
     assert done["minhash_buckets"] == ["00000", "00001"]
-    assert not (tmp_path / "again" / "kept.jsonl").exists()
+    assert not (tmp_path / "out" / "kept.jsonl").exists()
 
-    # the same command again: only the lost task and the step after it are submitted
+    # the same command again: only the lost task and the step after it are submitted; the folder is native's
     monkeypatch.delenv("FAKE_SLURM_FAIL")
-    stats = dedup(store, tmp_path / "again", "datatrove", *slurm)
-    relaunch = [j for j in jobs(state)[len(clean) + len(failed):] if not j["merge_stats"]]
+    stats = dedup(store, tmp_path / "out", "datatrove", *slurm)
+    relaunch = [j for j in jobs(state)[len(first):] if not j["merge_stats"]]
     assert [(j["name"], j["array"]) for j in relaunch] == [("dedup_minhash_verify", 1), ("dedup_minhash_cluster", 1)]
-    assert_same_folder(tmp_path / "again", ref, stats, ref_stats)
+    assert all(j["state"] == "COMPLETED" for j in jobs(state)[len(first):])
+    assert_same_folder(tmp_path / "out", ref, stats, ref_stats)
+    assert stats["engine"]["executor"] == "slurm" and not work.exists()
 
 
 @pytest.mark.slow

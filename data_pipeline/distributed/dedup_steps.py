@@ -30,8 +30,11 @@ A stage's removals are (kept, removed) files; a later stage's signature step ski
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
+import resource
+import time
 from collections.abc import Iterator, Sequence
 
 import numpy as np
@@ -176,6 +179,15 @@ class StoreReader(BaseReader):
         self.stat_update("documents", value=hi - lo)   # once: per-document stats cost ~20% of a step
 
 
+def _rss_mb() -> float:
+    """This process's resident memory now (Linux; 0 elsewhere): a task's peak above it is the task's own."""
+    try:
+        with open("/proc/self/statm") as fh:
+            return int(fh.read().split()[1]) * resource.getpagesize() / 2**20
+    except OSError:
+        return 0.0
+
+
 class _DedupStep(PipelineStep):
     type = "🫂 - DEDUP"
 
@@ -184,6 +196,17 @@ class _DedupStep(PipelineStep):
         self.work = get_datafolder(work)
         self.normalize = dict(normalize)
         self.skip_stages = list(skip_stages)
+
+    @contextlib.contextmanager
+    def measured(self):
+        """datatrove's timing, plus the task's CPU seconds and its process's peak memory in the step's stats
+        (summed and maxed over tasks in <logs>/<step>/stats.json: bench/scaleout_bench.py reads them)."""
+        cpu, start = time.process_time(), _rss_mb()
+        with self.track_time():
+            yield
+        self.stat_update("cpu_seconds", value=time.process_time() - cpu, unit="task")
+        self.stat_update("start_rss_mb", value=start, unit="task")
+        self.stat_update("peak_rss_mb", value=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, unit="task")
 
     def _texts(self, data: DocumentsPipeline, rank: int) -> tuple[np.ndarray, list[str]]:
         """The task's positions and normalised texts, less those an earlier stage removed."""
@@ -212,7 +235,7 @@ class ExactSignature(_DedupStep):
         self.finders = finders
 
     def run(self, data: DocumentsPipeline = None, rank: int = 0, world_size: int = 1) -> DocumentsPipeline:
-        with self.track_time():
+        with self.measured():
             pos, texts = self._texts(data, rank)
             digests = b"".join(hashlib.md5(t.encode("utf-8")).digest() for t in texts)
             halves = np.frombuffer(digests, dtype=">u8").reshape(-1, 2).astype("<u8")
@@ -235,7 +258,7 @@ class ExactFind(_DedupStep):
         super().__init__(work, {})
 
     def run(self, data: DocumentsPipeline = None, rank: int = 0, world_size: int = 1) -> DocumentsPipeline:
-        with self.track_time():
+        with self.measured():
             files = self.work.list_files(f"exact/sigs/{rank:03d}")
             recs = np.concatenate([read_array(self.work, f, EXACT) for f in files]) if files else \
                 np.zeros(0, dtype=EXACT)
@@ -268,7 +291,7 @@ class MinhashSignature(_DedupStep):
         self.ngram, self.num_perm, self.seed, self.bands, self.rows = ngram, num_perm, seed, bands, rows
 
     def run(self, data: DocumentsPipeline = None, rank: int = 0, world_size: int = 1) -> DocumentsPipeline:
-        with self.track_time():
+        with self.measured():
             pos, texts = self._texts(data, rank)
             sig = signature_matrix(shingle_ids_of_texts(texts, self.ngram), self.num_perm, self.seed,
                                    self.bands * self.rows)
@@ -310,7 +333,7 @@ class MinhashBuckets(_DedupStep):
         self.bands, self.rows, self.ranges = bands, rows, ranges
 
     def run(self, data: DocumentsPipeline = None, rank: int = 0, world_size: int = 1) -> DocumentsPipeline:
-        with self.track_time():
+        with self.measured():
             for unit in range(rank, self.bands * self.ranges, world_size):
                 self._unit(*divmod(unit, self.ranges))
         return iter(())
@@ -352,7 +375,7 @@ class MinhashVerify(_DedupStep):
     def run(self, data: DocumentsPipeline = None, rank: int = 0, world_size: int = 1) -> DocumentsPipeline:
         store = TextStore(self.work)
         lo, hi = store.task_range(rank)
-        with self.track_time():
+        with self.measured():
             parts = [sorted_slice(self.work, path, "<u8", lo << 32, hi << 32)
                      for path in self.work.list_files("minhash/candidates")]
             codes = sorted_unique(np.concatenate(parts)) if parts else np.zeros(0, dtype=np.uint64)
@@ -383,7 +406,7 @@ class MinhashCluster(_DedupStep):
         super().__init__(work, {})
 
     def run(self, data: DocumentsPipeline = None, rank: int = 0, world_size: int = 1) -> DocumentsPipeline:
-        with self.track_time():
+        with self.measured():
             files = [f for f in self.work.list_files("minhash/verified") if f.endswith(".bin")]
             edges = np.concatenate([read_array(self.work, f, EDGES) for f in files]) if files else \
                 np.zeros(0, dtype=EDGES)
