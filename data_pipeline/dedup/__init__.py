@@ -9,7 +9,8 @@ minhash.py    stage 2: character n-gram MinHash LSH, every candidate verified by
   shingle_ids.py        its input: shingle sets as integer ids, built vectorised
 semantic.py   stage 3: encoder cosine >= the encoder's own threshold, FAISS search, embedding cache
 clusters.py   pairs -> connected components -> the earliest member is kept
-stage.py      the pipeline stage: files in, files + stats.json out
+stage.py      the pipeline stage: files in, files + stats.json out; `dedup.engine=datatrove` runs the exact
+              and MinHash stages as datatrove tasks with the same outputs (data_pipeline/distributed/)
 calibrate.py  per-encoder thresholds: the CLI and its modes (interval sampler, LLM judge, labelled pairs)
   calibrate_labels.py   where the labels come from: pairs to label, label files, the judge, labelled sources
   calibrate_rates.py    the maths: cosine intervals, positive rate per interval, the suggested thresholds

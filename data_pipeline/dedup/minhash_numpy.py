@@ -8,6 +8,8 @@ MinHashLSH, Python set Jaccard) computes, bit for bit: the same pairs, Jaccard v
   uint32 with the permutations of `MinHash(num_perm, seed)`), over every text in cache-sized blocks;
 - LSH banding: texts with equal band values grouped by a sort;
 - the exact Jaccard of every candidate, counted on sorted id arrays.
+The datatrove engine's steps (data_pipeline/distributed/dedup_steps.py) call the same functions
+(`signature_matrix`, `band_groups`, `group_pairs`, `exact_jaccard`) on a task's share of the texts.
 
 Why not datasketch's MinHashLSH here: profiled (cProfile) on 80K distinct texts of the import store, its
 per-text inserts and queries (a bytes key per band, Python sets per bucket and per query) took ~75% of the
