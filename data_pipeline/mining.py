@@ -36,6 +36,7 @@ from care.models.hub import weights_digest
 from care.retrieval.index import build_index, unit_rows
 from data_pipeline.build import export_flag
 from data_pipeline.dedup.clusters import clusters_from_edges
+from data_pipeline.distributed.search import search_identity, stage_settings
 from data_pipeline.judge import JUDGE_KEYS, judge_identity, judge_rows, judge_spec
 from data_pipeline.mining_window import (
     RULES,
@@ -94,10 +95,27 @@ class PoolResult:
     removed: dict[str, int]        # what the positive-aware rules removed (stats.json "positive_aware")
 
 
+def search(queries: np.ndarray, cands: np.ndarray, k: int, opts: dict, sharded=None,
+           log: list | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """Each query's top k candidates: one FAISS index here (flat = exact, moved to the GPUs when faiss-gpu sees
+    any; mine.index picks IVF or HNSW), or with mine.engine=sharded the same search as tasks of mine.executor
+    (data_pipeline/distributed/search.py: a flat search's ids and scores bitwise one CPU index's), its
+    figures appended to `log`."""
+    if sharded is None:
+        return build_index(cands, **(opts.get("index") or {})).search(queries, k)
+    from data_pipeline.distributed.search import knn
+
+    scores, ids, info = knn(queries, cands, k, sharded, index=opts.get("index"))
+    if log is not None:
+        log.append(info)
+    return scores, ids
+
+
 def mine_pool(examples: list[dict], texts: dict[str, str], encoder: Encoder, cluster_of: dict[str, int],
               removed: set[str], opts: dict, window: dict, cache: EmbeddingCache | None,
-              timing: dict) -> PoolResult:
-    """Negatives for every example of one pool, its positives' similarities and what the rules removed."""
+              timing: dict, sharded=None, log: list | None = None) -> PoolResult:
+    """Negatives for every example of one pool, its positives' similarities and what the rules removed;
+    `sharded`, `log`: the search's (`search`)."""
     miner = PoolMiner(examples, texts, cluster_of, removed, opts["similarity"])
     t0 = time.perf_counter()
     queries = encode(encoder, [texts[ex["query_id"]] for ex in examples], "query", opts["batch_size"], cache)
@@ -108,9 +126,7 @@ def mine_pool(examples: list[dict], texts: dict[str, str], encoder: Encoder, clu
     t1 = time.perf_counter()
     # +1: in question mode each query comes back as its own nearest neighbour (its positives are excluded).
     k = min(opts["top_k"] + (opts["similarity"] == "question"), len(cands))
-    # flat (exact) by default, moved to the GPUs when faiss-gpu sees any; mine.index picks IVF or HNSW
-    index = build_index(cands, **(opts.get("index") or {}))
-    scores, neighbours = index.search(queries, k)
+    scores, neighbours = search(queries, cands, k, opts, sharded, log)
     t2 = time.perf_counter()
     pos_scores = positive_scores(
         examples, getattr(miner, "docs", []), queries, cands, opts["similarity"],
@@ -180,6 +196,7 @@ def run(cfg: DictConfig) -> dict:
     # outputs of the stage before train.jsonl had pos_scores (and flag_train.jsonl carried the miner's cosine
     # as FlagEmbedding's teacher scores) are mined again once, never kept as up to date.
     settings = {k: v for k, v in opts.items() if (k not in RULES or v is not None) and (k not in JUDGE_KEYS or judge)}
+    settings = search_identity(settings)  # how the search runs (mine.engine, ...), not what it finds
     fp = fingerprint(inputs, {"mine": settings, "window": window, "model": model,
                               "weights": weights_digest(model["path"]), "format": FORMAT,
                               **({"judge": judge_identity(judge, opts, cfg)} if judge else {})})
@@ -199,8 +216,11 @@ def _mine(cfg: DictConfig, opts: dict, window: dict, clusters_path: Path | None,
     encoder = build_encoder(cfg.model)
     cache = EmbeddingCache(opts["cache"]) if opts.get("cache") else None
     timing = {"encode": 0.0, "search": 0.0, "select": 0.0}
+    sharded = stage_settings(opts, cfg.mine, cfg.cache_root, "mine")  # None: native
+    engine = _encode_as_tasks(cfg, opts, examples, texts, encoder, cache, sharded) if sharded else None
     mined, pos_scores, neighbour_sims, per_pool, rule_counts = _mine_pools(
-        examples, texts, encoder, cluster_of, removed, opts, window, cache, timing)
+        examples, texts, encoder, cluster_of, removed, opts, window, cache, timing, sharded,
+        engine["search"] if engine else None)
     rows = []
     for ex, m, p in zip(examples, mined, pos_scores):
         rows.append({"query_id": ex["query_id"], "pos_ids": ex["pos_ids"], "pos_scores": p,
@@ -232,6 +252,7 @@ def _mine(cfg: DictConfig, opts: dict, window: dict, clusters_path: Path | None,
         "dedup_clusters": str(clusters_path) if clusters_path else None,
         "dedup_texts_clustered": len(cluster_of), "dedup_texts_removed": len(removed),
         "embedding_cache": {"hits": cache.hits, "misses": cache.misses} if cache else None,
+        **({"engine": engine} if engine else {}),
         "seconds": seconds, "queries_per_s": round(len(rows) / max(seconds["total"], 1e-9), 1),
     }
     title = (f"{cfg.model.get('label') or cfg.model.get('name')}: {opts['similarity']} similarity\n"
@@ -264,8 +285,27 @@ def _negative_counts(mined: list[Mined], min_negatives: int) -> dict:
     }
 
 
+def _encode_as_tasks(cfg: DictConfig, opts: dict, examples: list[dict], texts: dict[str, str], encoder, cache,
+                     sharded) -> dict:
+    """mine.engine=sharded: every text the pools encode, into the embedding cache by tasks of mine.executor
+    (data_pipeline/distributed/encode_tasks.py), before mine_pool reads them back through the cache.  The
+    engine's record for stats.json, its `search` list filled by the pools' searches."""
+    from data_pipeline.distributed.encode_tasks import encode_as_tasks
+
+    if cache is None:
+        raise ValueError("mine.engine=sharded encodes as tasks into the embedding cache: mine.cache cannot be null")
+    sides = {"query": [texts[ex["query_id"]] for ex in examples]}
+    if opts["similarity"] == "document":
+        sides["document"] = [texts[p] for ex in examples for p in ex["pos_ids"]]
+    done = encode_as_tasks(encoder, OmegaConf.to_container(cfg.model, resolve=True), sides, cache,
+                           opts["batch_size"], sharded.encode_shard, sharded)
+    return {"name": "sharded", "executor": str(opts.get("executor")), "tasks": sharded.tasks, "encode": done,
+            "search": []}
+
+
 def _mine_pools(examples: list[dict], texts, encoder, cluster_of, removed, opts: dict, window: dict, cache,
-                timing: dict) -> tuple[list[Mined], list[list[float]], list[np.ndarray], dict, list[dict]]:
+                timing: dict, sharded=None, log: list | None = None
+                ) -> tuple[list[Mined], list[list[float]], list[np.ndarray], dict, list[dict]]:
     """Each pool's examples mined against that pool's texts (mine_pool); the results back in example order,
     with each pool's similarity sample, its count of examples short of min_negatives before the fallback,
     and the positive-aware rules' removal counts."""
@@ -277,7 +317,7 @@ def _mine_pools(examples: list[dict], texts, encoder, cluster_of, removed, opts:
     neighbour_sims, per_pool, rule_counts = [], {}, []
     for pool, members in pools.items():
         result = mine_pool([examples[i] for i in members], texts, encoder, cluster_of, removed, opts,
-                           window, cache, timing)
+                           window, cache, timing, sharded, log)
         neighbour_sims.append(result.neighbour_sims)
         rule_counts.append(result.removed)
         for i, m, p in zip(members, result.mined, result.pos_scores):

@@ -46,16 +46,24 @@ def build_index(vectors: np.ndarray, kind: str = "flat", use_gpu: bool | None = 
         index.hnsw.efSearch = ef_search
         index.add(x)
         return index
-    cells = int(nlist or max(1, min(n // 39, round(4 * np.sqrt(n)))))  # FAISS wants >= 39 points a cell
+    cells, rows = ivf_cells(n, nlist, seed)
     index = faiss.IndexIVFFlat(faiss.IndexFlatIP(d), d, cells, faiss.METRIC_INNER_PRODUCT)
-    rng = np.random.default_rng(seed)
-    sample = x[rng.choice(n, size=min(n, 256 * cells), replace=False)] if n > 256 * cells else x
-    index.train(sample)
+    index.train(x if rows is None else x[rows])
     index.add(x)
     index.nprobe = min(nprobe, cells)
     if uses_gpu(use_gpu):
         index = faiss.index_cpu_to_all_gpus(index)
     return index
+
+
+def ivf_cells(n: int, nlist: int | None = None, seed: int = 0) -> tuple[int, np.ndarray | None]:
+    """An IVF index's cells over n vectors (default 4 sqrt(N); FAISS wants >= 39 points a cell) and the seeded
+    rows they are trained on (None: every row): build_index's rule, and the sharded search's
+    (data_pipeline/distributed/search.py), which trains them once for every shard."""
+    cells = int(nlist or max(1, min(n // 39, round(4 * np.sqrt(n)))))
+    if n <= 256 * cells:
+        return cells, None
+    return cells, np.random.default_rng(seed).choice(n, size=256 * cells, replace=False)
 
 
 def unit_rows(vectors: np.ndarray) -> np.ndarray:

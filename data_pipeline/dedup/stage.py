@@ -32,6 +32,7 @@ from data_pipeline.dedup.exact import exact_clusters
 from data_pipeline.dedup.minhash import minhash_pairs, s_curve
 from data_pipeline.dedup.minhash_reference import jaccard, shingles
 from data_pipeline.dedup.normalize import Normalizer
+from data_pipeline.distributed.search import search_identity, stage_settings
 
 STAGES = ("exact", "minhash", "semantic")
 ENGINES = ("native", "datatrove")   # dedup.engine: data_pipeline/distributed/dedup_engine.py runs the second
@@ -184,6 +185,7 @@ def run(cfg: DictConfig) -> dict:
     # how the stage runs (engine, executor, tasks) is not what it computes: either engine's folder is up to
     # date for the other, and the fingerprint is the one written before the engines existed
     what = {k: v for k, v in OmegaConf.to_container(d, resolve=True).items() if k not in ENGINE_KEYS}
+    what["semantic"] = search_identity(what["semantic"])  # dedup.semantic.engine, ...: how, not what
     fp_config = {"dedup": what, "input": str(src), "filters": {"roles": roles, "sources": sources}}
     if semantic:
         fp_config["model"] = legacy_keyed(OmegaConf.to_container(cfg.model, resolve=True))  # fingerprints predating `prompts:`
@@ -280,14 +282,25 @@ def _semantic(cfg: DictConfig, texts: list[str], thresholds: dict, out: Path):
         return [], (lambda a, b: 1.0), {**extra, "note": "fewer than two texts: nothing to compare"}
     t_enc = time.perf_counter()
     cache = EmbeddingCache(s.cache) if s.cache else None
+    sharded = stage_settings(s, cfg.dedup, cfg.cache_root, "dedup.semantic")  # None: native
+    if sharded is not None:  # the encoding as tasks first (data_pipeline/distributed/encode_tasks.py)
+        from data_pipeline.distributed.encode_tasks import encode_as_tasks
+
+        if cache is None:
+            raise ValueError("dedup.semantic.engine=sharded encodes as tasks into the embedding cache: "
+                             "dedup.semantic.cache cannot be null")
+        extra["engine"] = {"name": "sharded", "tasks": sharded.tasks, "encode": encode_as_tasks(
+            encoder, OmegaConf.to_container(cfg.model, resolve=True), {"document": texts}, cache, s.batch_size,
+            sharded.encode_shard, sharded)}
     vectors = embed(encoder, texts, "document", cache, s.batch_size).dense
     extra["cache_hits"], extra["encoded"] = (cache.hits, cache.misses) if cache else (0, len(texts))
     extra["encode_seconds"] = round(time.perf_counter() - t_enc, 3)
     if extra["encoded"]:
         extra["encode_texts_per_s"] = round(extra["encoded"] / max(extra["encode_seconds"], 1e-9), 1)
     found = cosine_pairs(vectors, cut, s.search, s.topk, s.block,
-                         index=OmegaConf.to_container(s.index, resolve=True) if s.get("index") else None)
-    nn = nearest_neighbour_cosine(vectors, s.block)
+                         index=OmegaConf.to_container(s.index, resolve=True) if s.get("index") else None,
+                         sharded=sharded)
+    nn = nearest_neighbour_cosine(vectors, s.block, sharded=sharded)
     plot_nn_histogram(out / "nn_similarity.png", nn, cut,
                       f"{encoder.name}: nearest-neighbour cosine of {len(texts):,} texts")
     unit = vectors / np.linalg.norm(vectors, axis=1, keepdims=True)

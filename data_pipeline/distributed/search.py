@@ -53,9 +53,9 @@ from pathlib import Path
 import faiss
 import numpy as np
 import xxhash
-from tqdm.auto import tqdm
 
 from care.data.io import atomic_open
+from care.progress import progress
 
 NEUTRAL = float(np.finfo(np.float32).min)  # FAISS's score of an empty slot (id -1) of an inner-product list
 _PAIRWISE = 2**31 - 1                      # a BLAS threshold no call reaches: FAISS's per-pair kernel
@@ -282,13 +282,14 @@ def approximate_cell(plan: Plan, xq: np.ndarray, xb: np.ndarray, s0: int, index)
 # ---- the merge --------------------------------------------------------------------------------------------
 
 def _order_keys(D: np.ndarray, I: np.ndarray) -> np.ndarray:
-    """One uint64 per entry that sorts as (score, id) ascending, an empty slot (id -1) below all: the score's
-    float32 bits mapped to an order-preserving uint32 (-0.0 counted as 0.0) above the id's 32 bits.  One sort
-    of these is several times faster than a lexsort of the two keys."""
-    u = (np.asarray(D, np.float32) + np.float32(0.0)).view(np.uint32).astype(np.uint64)
-    ordered = np.where(u >> np.uint64(31), ~u & np.uint64(0xFFFFFFFF), u | np.uint64(0x80000000))
-    key = (ordered << np.uint64(32)) | (np.asarray(I).astype(np.uint64) & np.uint64(0xFFFFFFFF))
-    return np.where(np.asarray(I) < 0, np.uint64(0), key)
+    """One int64 per entry that sorts as (score, id) ascending, an empty slot (id -1) below all: the score's
+    float32 bits as an int32 of the same order (-0.0 counted as 0.0) above the id's 32 bits.  One sort of these
+    is several times faster than a lexsort of the two keys."""
+    bits = (np.asarray(D, np.float32) + np.float32(0.0)).view(np.int32)
+    ordered = (bits ^ ((bits >> 31) & np.int32(0x7FFFFFFF))).astype(np.int64)
+    key = (ordered << 32) | (np.asarray(I, np.int64) & 0xFFFFFFFF)
+    key[np.asarray(I) < 0] = np.iinfo(np.int64).min
+    return key
 
 
 def _sorted_top(part: dict, k: int) -> dict:
@@ -507,7 +508,7 @@ def run_inline(job: Job, show_progress: bool = False) -> None:
     if not plan.exact:
         for s in range(len(plan.shards)):
             job.build_shard(s)
-    for cell in tqdm(plan.cells(), desc="search cells", disable=not show_progress, unit="cell"):
+    for cell in progress(plan.cells(), desc="search cells", enabled=show_progress, unit="cell"):
         job.run_cell(cell)
     for b in range(len(plan.blocks)):
         job.merge(b)
@@ -604,12 +605,41 @@ def range_blocks(queries: np.ndarray, database: np.ndarray, radius: float, setti
                  index: dict | None = None) -> tuple[Iterator[tuple[int, int, np.ndarray, np.ndarray, np.ndarray]], dict]:
     """(blocks, info): every call's range search (scores strictly above `radius`) as one index's
     `range_search(queries[q0:q1], radius)` returns it, yielded as (q0, q1, lims, scores, ids) in call order;
-    the work folder goes when the last block was read."""
+    the work folder goes when the generator is read to its end or closed."""
     job, info = _run("range", queries, database, radius=radius, calls=calls, index=index, settings=settings)
 
     def blocks():
-        for b, r in job.results():
-            q0, q1, _ = job.plan.blocks[b]
-            yield q0, q1, r["lims"], r["scores"], r["ids"]
-        shutil.rmtree(job.folder, ignore_errors=True)
+        try:
+            for b, r in job.results():
+                q0, q1, _ = job.plan.blocks[b]
+                yield q0, q1, r["lims"], r["scores"], r["ids"]
+        finally:  # read to the end or closed: the results are all on disk, nothing to resume
+            shutil.rmtree(job.folder, ignore_errors=True)
     return blocks(), info
+
+
+# ---- the stages' configuration ----------------------------------------------------------------------------
+
+SEARCH_KEYS = ("engine", "executor", "tasks", "workers", "local", "slurm", "ray", "sharded")
+
+
+def search_identity(section: dict) -> dict:
+    """A stage section (mine, dedup.semantic) without the keys that say how its search runs, for the stage's
+    fingerprint: an exact (flat) search finds the same either way, so a folder either engine wrote is up to date
+    for the other and fingerprints written before the engine existed still hold.  A sharded approximate search
+    keeps its engine and shard size, which change what it finds (one IVF's or HNSW's lists per shard)."""
+    out = {k: v for k, v in section.items() if k not in SEARCH_KEYS}
+    if section.get("engine", "native") == "sharded" and (section.get("index") or {}).get("kind", "flat") != "flat":
+        out["engine"] = {"sharded": {"shard_rows": (section.get("sharded") or {}).get("shard_rows")}}
+    return out
+
+
+def stage_settings(section, executor, cache_root, where: str) -> Settings | None:
+    """The sharded engine's Settings for a stage section (`where`: its config path, for errors), None when its
+    engine is native.  `executor`: the section holding the executor keys (executors.py)."""
+    engine = section.get("engine", "native")
+    if engine not in ENGINES:
+        raise ValueError(f"{where}.engine={engine!r}: choose from {list(ENGINES)}")
+    if engine == "native":
+        return None
+    return Settings.from_config(executor, section.get("tasks", 4), section.get("sharded"), cache_root)
