@@ -67,9 +67,9 @@ def test_signature_matrix_is_datasketch_bulk(texts, n, num_perm, seed):
                        hashfunc=HASHFUNC)
     ref = np.stack([m.hashvalues for m in ref], axis=1)
     for sh in (shingle_ids_of_texts(texts, n), shingle_ids_of_sets(sets)):
-        sig = numpy_backend._signature_matrix(sh, num_perm, seed)
+        sig = numpy_backend.signature_matrix(sh, num_perm, seed)
         assert sig.dtype == ref.dtype and np.array_equal(sig, ref)
-    first_rows = numpy_backend._signature_matrix(shingle_ids_of_texts(texts, n), num_perm, seed, perms=10)
+    first_rows = numpy_backend.signature_matrix(shingle_ids_of_texts(texts, n), num_perm, seed, perms=10)
     assert np.array_equal(first_rows, ref[:10])
 
 
@@ -77,11 +77,11 @@ def test_block_sizes_do_not_matter(texts, monkeypatch):
     """Blocks smaller than one text (signatures) and than one pair (Jaccard counts) give the same values."""
     sh = shingle_ids_of_texts(texts[:600], 2)
     i, j = np.triu_indices(100, 1)
-    sig, sims = numpy_backend._signature_matrix(sh), numpy_backend._exact_jaccard(sh, i, j)
+    sig, sims = numpy_backend.signature_matrix(sh), numpy_backend.exact_jaccard(sh, i, j)
     monkeypatch.setattr(numpy_backend, "_BLOCK", 7)
     monkeypatch.setattr(numpy_backend, "_VERIFY_BLOCK", 150)
-    assert np.array_equal(numpy_backend._signature_matrix(sh), sig)
-    assert np.array_equal(numpy_backend._exact_jaccard(sh, i, j), sims)
+    assert np.array_equal(numpy_backend.signature_matrix(sh), sig)
+    assert np.array_equal(numpy_backend.exact_jaccard(sh, i, j), sims)
 
 
 @pytest.mark.parametrize("high", [1 << 20, 1 << 62])  # packed sort, and the argsort when it cannot pack
@@ -97,7 +97,7 @@ def test_exact_jaccard_is_set_jaccard(texts):
     small = EDGE + random.Random(3).sample(texts, 120)
     sh = shingle_ids_of_texts(small, 2)
     i, j = np.triu_indices(len(small), 1)
-    got = numpy_backend._exact_jaccard(sh, i, j)
+    got = numpy_backend.exact_jaccard(sh, i, j)
     want = [jaccard(shingles(small[a], 2), shingles(small[b], 2)) for a, b in zip(i.tolist(), j.tolist())]
     assert got.tolist() == want                      # the same floats, not approximately
     assert got[(i == 0) & (j == 1)].tolist() == [1.0]   # two empty texts
