@@ -75,8 +75,7 @@ def main(cfg: DictConfig) -> float:
     distributed_env_from_submitit()
     per_job_output_dir(cfg)
     # after Hydra parsed the command line: `--help` stays fast
-    from care.training.recipes import train
-    from care.training.trainer import ResumeError
+    from care.training.trainer import ResumeError, train
 
     # bad input (DataError is a ValueError), a full disk, a corrupt file, another run's folder: one line
     with app_errors("train.py", cfg, writes_to=cfg.get("output_dir"), extra=(ResumeError,)):

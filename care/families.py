@@ -57,7 +57,7 @@ class Family:
     #: writes its sentence-transformers files: f(folder, config) -> folder (st_folder); None: a family whose
     #: folders this project never writes (no trainer)
     st_files: str | None = None
-    trainer: str | None = None  #: its TrainableFamily class (care.training.families); None: not trainable
+    trainer: str | None = None  #: its TrainableFamily class (care.training.model.build_family); None: not trainable
     recipe: str | None = None   #: the whole run train.py runs: f(cfg) -> summary; None: one Trainer run
     folder_files: str | None = None  #: the files that mark its folder (trained heads) without a training record
     citation: str | None = None  #: its paper's key in care.export.card_sections.CITATIONS

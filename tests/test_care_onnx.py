@@ -134,7 +134,7 @@ def test_training_and_live_towers_refuse_onnx(torch_enc, towers, root, tmp_path)
     from care.encoders.care import CAREEncoder
     from care.models.towers import TowerSpec
     from care.training.care_recipe import stage_config
-    from care.training.families import build_family
+    from care.training.model import build_family
 
     seed0 = towers / "seed0"
     for stage in ("stage1", "stage2"):

@@ -132,7 +132,7 @@ def test_model_config_backend_reaches_the_encoder(tiny_bert_dir):
 def test_training_refuses_an_inference_only_backend(tiny_bert_dir):
     from omegaconf import OmegaConf
 
-    from care.training.families import build_family
+    from care.training.model import build_family
 
     cfg = OmegaConf.create({"model": {"kind": "dense", "name": "tiny", "path": str(tiny_bert_dir),
                                       "backend": "onnx_int8"}})

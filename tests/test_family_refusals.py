@@ -179,7 +179,7 @@ def test_validation_scores_a_reranker_by_its_family(reranker_dir, tmp_path):
 
 def test_training_refuses_a_family_without_a_trainer(sparse_family, tiny_bert_dir):
     from care.errors import describe
-    from care.training.families import build_family
+    from care.training.model import build_family
 
     cfg = load_config("train", ["model=tiny_bert", "model.kind=sparse_test", f"model.path={tiny_bert_dir}"])
     with pytest.raises(ValueError) as refused:

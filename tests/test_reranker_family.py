@@ -20,9 +20,9 @@ from care.config import load_config
 from care.encoders import build_pair_scorer, detect
 from care.encoders.cross_encoder import CrossEncoder
 from care.models.tiny import save_tiny
-from care.training.recipes import train
 from care.training.reranker_family import RerankerLoss
 from care.training.reranker_recipe import RerankerTrainer, reranker_config
+from care.training.trainer import train
 
 PAIRS = [["头痛怎么办", "头痛可以先休息，多喝水"], ["高血压患者可以吃鸡蛋吗", "每天一个鸡蛋一般没有问题"],
          ["癫痫发作怎么办", "让病人侧卧，不要往嘴里塞东西"]]

@@ -2,9 +2,9 @@
 
 A family says how to tokenize texts per side (prompts applied by care.encoders.prompts, the same as at
 inference), which modules encode each side (`document_module` None: one module for both, as M3), how to
-save a trained model folder, and how to wrap a module as an Encoder for validation
-(care.training.families picks one from the model config).  The M3 family (`M3Family`) covers `kind: m3` checkpoints and
-plain encoders (`kind: dense`), which become M3 backbones with fresh, seeded heads.
+save a trained model folder, and how to wrap a module as an Encoder for validation.  build_family builds the
+one a model config names (its family's `trainer` hook, care.families).  The M3 family (`M3Family`) covers
+`kind: m3` checkpoints and plain encoders (`kind: dense`), which become M3 backbones with fresh, seeded heads.
 """
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ from torch import nn
 from care.encoders.base import Encoder
 from care.encoders.m3 import M3Encoder
 from care.encoders.prompts import Prompts
-from care.families import family_of
+from care.families import FAMILIES, family_of, hook
 from care.models.m3 import M3Model, load_backbone
 from care.training.merge import merge_with_start
 
@@ -38,6 +38,21 @@ class TrainableFamily(Protocol):
     def encoder(self, modules: Sequence[nn.Module], max_length: int) -> Encoder: ...
 
     def model_config(self) -> dict: ...
+
+
+def build_family(cfg: DictConfig) -> TrainableFamily:
+    """The TrainableFamily of the run's model config (its family's `trainer` hook), loaded; one line when its
+    backend or its family cannot be trained."""
+    family = family_of(cfg.model)
+    backend = cfg.model.get("backend", "torch")
+    if backend != "torch":  # care/encoders/dense.py: the other backends run inference only
+        raise ValueError(f"model {cfg.model.get('name')} has backend {backend!r}, which only encodes; "
+                         f"train with the torch backend (model.backend=torch)")
+    trainable = hook(family, "trainer")
+    if trainable is None:
+        names = ", ".join(f.name for f in FAMILIES.values() if f.trainer)
+        raise ValueError(f"model kind '{family.name}' cannot be trained (trainable kinds: {names})")
+    return trainable(cfg)
 
 
 def freeze(model: nn.Module, patterns: Sequence[str]) -> None:

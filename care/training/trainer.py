@@ -13,7 +13,8 @@ batch's (batch, group_size) scores of the drawn groups (care.training.data), gat
 
 The run folder (`output_dir`) is described in the README ("Training"); checkpoints and resume in
 care.training.checkpoint, what is saved of the model (a checkpoint's trained weights, the model folders
-best/ and final/) in care.training.model_saving, the log and curves in care.training.runlog.
+best/ and final/) in care.training.model_saving, the log and curves in care.training.runlog.  `train(cfg)`,
+at the end, is what train.py runs: the recipe the model's family names (CARE's two stages), else one Trainer.
 """
 from __future__ import annotations
 
@@ -32,19 +33,19 @@ from torch.utils.data import DataLoader
 from tqdm.auto import tqdm
 from transformers import get_cosine_schedule_with_warmup
 
-from care.families import family_of
+from care.families import family_of, hook
 from care.runlock import FORCE_KEY, lock_run_folder, release_lock_after, release_lock_on_error
 from care.training.checkpoint import AlreadyFinished, ResumeError, RunFolder, config_hash
 from care.training.data import TrainingGroups, collate_groups, require_training_files
 from care.training.distributed import all_gather_with_grad, gather_reps, world_size
-from care.training.families import build_family
 from care.training.gradcache import GradCache
+from care.training.model import build_family
 from care.training.model_saving import load_trained, save_final, save_model, trained_state
 from care.training.runlog import RunLog, memory_mb, wandb_mode
 from care.training.samplers import build_sampler
 from care.training.validation import EarlyStopping, Validator
 
-__all__ = ["AlreadyFinished", "Diverged", "ResumeError", "Trainer"]
+__all__ = ["AlreadyFinished", "Diverged", "ResumeError", "Trainer", "train"]
 
 
 class Diverged(FloatingPointError):
@@ -80,56 +81,92 @@ class Trainer:
     @release_lock_on_error
     def __init__(self, cfg: DictConfig, callbacks: Sequence[Callable[[Trainer], None]] = ()):
         self.cfg, self.callbacks = cfg, list(callbacks)
-        t = cfg.trainer
         self.out = Path(cfg.output_dir)
-        self.accelerator = Accelerator(cpu=t.cpu, mixed_precision=t.mixed_precision,
+        self.accelerator = Accelerator(cpu=cfg.trainer.cpu, mixed_precision=cfg.trainer.mixed_precision,
                                        log_with=None if wandb_mode(cfg) == "disabled" else "wandb")
-        acc = self.accelerator
-        require_training_files(cfg.data.texts, cfg.data.examples)  # before hashing them: say what writes them
+        # Cheapest first: a bad folder, file or loss setting is refused in seconds, before the model loads.
+        self._claim_run_folder()
+        set_seed(cfg.seed)
+        self._read_data()
+        self._build_loss()
+        self._pick_query_side_pools()
+        self._load_model()
+        self._prepare_training()
+        self._build_validation()
+        self.step = self.epoch = self.batch_in_epoch = 0
+        self.stop_reason = ""
+        self.non_finite = ""  # what a diverged step found non-finite (optimizer_step)
+        self.provenance: dict | None = None  # base models and data lineage, read once (model_saving.training_record)
+        start = self.folder.resume_point(cfg.trainer.resume, cfg.trainer.get("resume_unverified", False))
+        if start is not None:
+            self.resume(start)
+        else:
+            self.log_rows.keep_until(None)  # rows of an attempt that never reached a checkpoint
+
+    def _claim_run_folder(self) -> None:
+        """The run's config hash, its folder (checked against what it holds: resume, refuse or overwrite),
+        the folder's lock and the log.  The training files are checked first, since the hash reads them."""
+        cfg, acc = self.cfg, self.accelerator
+        require_training_files(cfg.data.texts, cfg.data.examples)  # say what writes a missing one
         self.hash = config_hash(cfg)
         self.folder = RunFolder(self.out, self.hash, acc, cfg)
         self.run_lock = lock_run_folder(self.out, "training", acc, force=cfg.get(FORCE_KEY, False))
         self.folder.check(cfg.overwrite)
         self.log_rows = RunLog(self.out, acc, cfg, self.hash)
-        set_seed(cfg.seed)
 
+    def _read_data(self) -> None:
+        """The training groups and the epoch order."""
+        cfg, t = self.cfg, self.cfg.trainer
         self.data = TrainingGroups(cfg.data.texts, cfg.data.examples, t.group_size, cfg.seed,
                                    cfg.data.max_examples)
-        # the epoch order, checked in seconds (before the model loads)
-        self.sampler = build_sampler(t, self.data, cfg.seed, acc.num_processes)
-        # The loss before the model: a distilling loss refuses a file without teacher scores in seconds.
-        self.loss = build_loss(cfg.loss, t.group_size)
+        self.sampler = build_sampler(t, self.data, cfg.seed, self.accelerator.num_processes)
+
+    def _build_loss(self) -> None:
+        """The loss; a distilling one refuses a training file without teacher scores."""
+        self.loss = build_loss(self.cfg.loss, self.cfg.trainer.group_size)
         self.distils = bool(getattr(self.loss, "distils_teacher", False))
         if self.distils:
-            self.data.require_teacher_scores(f"{loss_key(cfg)}.teacher_weight")
-        self.query_side_pools = set(t.get("query_side_pools") or ())
+            self.data.require_teacher_scores(f"{loss_key(self.cfg)}.teacher_weight")
+
+    def _pick_query_side_pools(self) -> None:
+        """The passage pools that get the query prompt (trainer.query_side_pools; see train_step)."""
+        cfg = self.cfg
+        self.query_side_pools = set(cfg.trainer.get("query_side_pools") or ())
         if self.query_side_pools and not any(e["pool"] for e in self.data.examples):
             # A file of your own may lack pools (every passage then gets the document prompt); one from an
-            # older mine stage should be re-mined.
+            # older mine stage should be re-mined.  stacklevel 4: the line that built the Trainer.
             warnings.warn(f"trainer.query_side_pools={sorted(self.query_side_pools)} but {cfg.data.examples} names no "
                           "pool, so every passage gets the document prefix; a file from an older mine stage: "
-                          "re-run `python -m data_pipeline stage=mine force=true`", stacklevel=3)
-        self.family = build_family(cfg)
+                          "re-run `python -m data_pipeline stage=mine force=true`", stacklevel=4)
+
+    def _load_model(self) -> None:
+        """The family's modules (one backbone, or a tower per side) and which of them train."""
+        self.family = build_family(self.cfg)
         if hasattr(self.loss, "check_width"):  # Matryoshka widths the model's vectors cannot give
-            self.loss.check_width(self.family.dense_width, loss_key(cfg))
-        towers = [m for m in (self.family.query_module, self.family.document_module) if m is not None]
-        # Only modules with trainable weights are prepared (DDP refuses a module with nothing to train); a
-        # frozen one (CARE stage I's cached document vectors) just moves to the device.
-        self.trainable = trainable = [any(p.requires_grad for p in m.parameters()) for m in towers]
+            self.loss.check_width(self.family.dense_width, loss_key(self.cfg))
+        self.towers = [m for m in (self.family.query_module, self.family.document_module) if m is not None]
+        # A frozen tower (CARE stage I's cached document vectors) has nothing to train.
+        self.trainable = [any(p.requires_grad for p in m.parameters()) for m in self.towers]
+
+    def _prepare_training(self) -> None:
+        """The loader, AdamW and the schedule, through accelerate (devices, DDP, sharded batches)."""
+        t, acc = self.cfg.trainer, self.accelerator
         # The loader draws its worker seeds from its own generator, never from the global RNG, so building
         # an iterator (every epoch, and on resume) leaves dropout's random stream untouched.
         loader = DataLoader(self.data, batch_size=t.batch_size, sampler=self.sampler, collate_fn=collate_groups,
                             drop_last=True, num_workers=t.num_workers,
-                            generator=torch.Generator().manual_seed(cfg.seed))
-        params = [p for m in towers for p in m.parameters() if p.requires_grad]
+                            generator=torch.Generator().manual_seed(self.cfg.seed))
+        params = [p for m in self.towers for p in m.parameters() if p.requires_grad]
         decay = [p for p in params if p.ndim >= 2]  # no weight decay on biases and norms
         rest = [p for p in params if p.ndim < 2]
         optimizer = torch.optim.AdamW([{"params": decay, "weight_decay": t.weight_decay},
                                        {"params": rest, "weight_decay": 0.0}], lr=t.lr)
-        *prepared, self.optimizer, self.loader = acc.prepare(*[m for m, k in zip(towers, trainable) if k],
-                                                             optimizer, loader)
+        # Only modules with trainable weights are prepared (DDP refuses a module with nothing to train); a
+        # frozen one just moves to the device.
+        *prepared, self.optimizer, self.loader = acc.prepare(
+            *[m for m, k in zip(self.towers, self.trainable) if k], optimizer, loader)
         prepared = iter(prepared)
-        self.towers = [next(prepared) if k else m.to(acc.device) for m, k in zip(towers, trainable)]
+        self.towers = [next(prepared) if k else m.to(acc.device) for m, k in zip(self.towers, self.trainable)]
         if len(self.loader) == 0:
             raise ValueError(f"{len(self.data)} examples make no full batch of {t.batch_size} queries x "
                              f"{acc.num_processes} processes: lower trainer.batch_size")
@@ -138,18 +175,12 @@ class Trainer:
         self.scheduler = get_cosine_schedule_with_warmup(
             self.optimizer, math.ceil(t.warmup_ratio * self.total_steps), self.total_steps)
         self.gradcache = GradCache(self.loss, t.chunk_size, acc, autocast=acc.autocast) if t.chunk_size else None
-        v = cfg.validation
-        self.validator = Validator(v, getattr(self.family, "cache", None), family_of(cfg.model)) if v.task else None
+
+    def _build_validation(self) -> None:
+        """The dev-set scorer and early stopping, when validation.task names a task (else both None)."""
+        v = self.cfg.validation
+        self.validator = Validator(v, getattr(self.family, "cache", None), family_of(self.cfg.model)) if v.task else None
         self.stopper = EarlyStopping(v.patience, v.min_delta) if v.task else None
-        self.step = self.epoch = self.batch_in_epoch = 0
-        self.stop_reason = ""
-        self.non_finite = ""  # what a diverged step found non-finite (optimizer_step)
-        self.provenance: dict | None = None  # base models and data lineage, read once (model_saving.training_record)
-        start = self.folder.resume_point(t.resume, t.get("resume_unverified", False))
-        if start is not None:
-            self.resume(start)
-        else:
-            self.log_rows.keep_until(None)  # rows of an attempt that never reached a checkpoint
 
     @property
     def model(self) -> torch.nn.Module:
@@ -353,3 +384,19 @@ class Trainer:
         if not self.stopper:
             return None
         return {"metric": self.cfg.validation.metric, "best": self.stopper.best, "best_step": self.stopper.best_step}
+
+
+def train(cfg: DictConfig) -> dict:
+    """What `python train.py` runs: the whole recipe the model config's family names (its `recipe` hook,
+    care.families: CARE's stages in order, the reranker's run), else one Trainer run.  Returns the run's summary
+    (`best_metric` among it).  A run that finished before with the same config is not trained again: its
+    summary is returned (make run re-runs)."""
+    recipe = hook(family_of(cfg.model), "recipe")
+    if recipe is not None:
+        return recipe(cfg)
+    try:
+        trainer = Trainer(cfg)
+    except AlreadyFinished as done:
+        print(done)
+        return done.summary
+    return trainer.fit()
