@@ -132,12 +132,12 @@ def _stage(engine: str, store: str, out: str, cache: str) -> None:
                           round(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024, 1)}))
 
 
-def measure(engine: str, store: Path, out: Path, cache: Path, mem_cap_gb: float) -> dict:
+def measure(engine: str, store: Path, out: Path, cache: Path, mem_cap_gb: float, nice: int = 10) -> dict:
     """The stage in a niced subprocess, its process tree's memory sampled until it ends."""
     import psutil
 
     t0 = time.perf_counter()
-    proc = subprocess.Popen(["nice", "-n", "10", sys.executable, "-m", "bench.scaleout_bench", "--stage", engine,
+    proc = subprocess.Popen(["nice", "-n", str(nice), sys.executable, "-m", "bench.scaleout_bench", "--stage", engine,
                              str(store), str(out), str(cache)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
     root = psutil.Process(proc.pid)
@@ -249,11 +249,11 @@ def equal_on_real_sets(work: Path) -> dict:
 
 
 def run(sizes=SIZES, engines=("native", "datatrove"), work: Path = Path("/tmp/scaleout_bench"),
-        mem_cap_gb: float = 12.0, save=lambda result: None) -> dict:
-    """The three sizes, each engine in turn; `save(result)` after every run, so a run stopped half-way
-    leaves what it measured."""
+        mem_cap_gb: float = 12.0, save=lambda result: None, nice: int = 10, repeat: int = 1) -> dict:
+    """The sizes, each engine in turn (`repeat` times, alternating); `save(result)` after every run, so a run
+    stopped half-way leaves what it measured."""
     real = _real_texts()
-    result: dict = {"sizes": list(sizes), "planted_share": PLANTED_SHARE, "seed": SEED, "runs": []}
+    result: dict = {"sizes": list(sizes), "planted_share": PLANTED_SHARE, "seed": SEED, "nice": nice, "runs": []}
     for n in sizes:
         t0 = time.perf_counter()
         store = work / f"store_{n}.jsonl"
@@ -261,10 +261,10 @@ def run(sizes=SIZES, engines=("native", "datatrove"), work: Path = Path("/tmp/sc
         print(f"scaleout: store of {n:,} texts ({len(info['planted']):,} planted) in "
               f"{time.perf_counter() - t0:.0f} s", flush=True)
         outs = {}
-        for engine in engines:
+        for engine in [e for _ in range(repeat) for e in engines]:
             out = work / f"out_{engine}_{n}"
             load = [round(x, 2) for x in os.getloadavg()]
-            row = {"n": n, **measure(engine, store, out, work / "cache", mem_cap_gb), "load_before": load,
+            row = {"n": n, **measure(engine, store, out, work / "cache", mem_cap_gb, nice), "load_before": load,
                    "load_after": [round(x, 2) for x in os.getloadavg()]}
             if "failed" not in row and "stopped" not in row:
                 row["planted"] = planted_found(out, info["planted"])
@@ -289,6 +289,9 @@ def main() -> None:
     ap.add_argument("--mem-cap-gb", type=float, default=12.0)
     ap.add_argument("--out", type=Path, default=None, help="default bench/results/scaleout.json")
     ap.add_argument("--equal", action="store_true", help="only the equality check on the real sets")
+    ap.add_argument("--skip-equal", action="store_true", help="no equality check on the real sets")
+    ap.add_argument("--nice", type=int, default=10, help="niceness of the measured runs (default 10)")
+    ap.add_argument("--repeat", type=int, default=1, help="runs of each engine per size, alternating")
     ap.add_argument("--stage", nargs=4, metavar=("ENGINE", "STORE", "OUT", "CACHE"), help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.stage:
@@ -307,9 +310,10 @@ def main() -> None:
         partial.update(result)
         write_json(target, {**head, "wall_s": round(time.perf_counter() - start, 1), **partial})
 
-    save({"equal_on_real_sets": equal_on_real_sets(args.work)})
+    if not args.skip_equal:
+        save({"equal_on_real_sets": equal_on_real_sets(args.work)})
     if not args.equal:
-        run(args.sizes, args.engines, args.work, args.mem_cap_gb, save)
+        run(args.sizes, args.engines, args.work, args.mem_cap_gb, save, args.nice, args.repeat)
     print(json.dumps(json.loads(target.read_text(encoding="utf-8")), indent=2)[:6000])
 
 
