@@ -124,9 +124,7 @@ def encode_as_tasks(encoder, model: dict, sides: dict[str, list[str]], cache: Em
 
         step = make_executor(settings.executor, [EncodeShards(str(job.folder))], job.folder / "logs" / f"encode-{tasks}",
                              tasks, "encode_shards")
-        if not run_steps(settings.executor, [("encode: shards", step)]):
-            raise RuntimeError(f"encoding submitted to Slurm (slurm.wait=false): run the same command again once its "
-                               f"jobs finished; work folder {job.folder}")
+        run_steps(settings.executor, [("encode: shards", step)])   # raises, naming the tasks that failed
     counts = job.counts()
     shutil.rmtree(job.folder, ignore_errors=True)
     return {"shards": n, "tasks": tasks, **counts, "seconds": round(time.perf_counter() - t0, 3)}

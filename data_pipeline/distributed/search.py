@@ -574,9 +574,7 @@ def _run(kind: str, queries: np.ndarray, database: np.ndarray, settings: Setting
     else:
         from data_pipeline.distributed.executors import run_steps
 
-        if not run_steps(settings.executor, _steps(job, settings.executor, settings.tasks)):
-            raise RuntimeError(f"sharded search submitted to Slurm (slurm.wait=false): run the same command again "
-                               f"once its jobs finished; work folder {job.folder}")
+        run_steps(settings.executor, _steps(job, settings.executor, settings.tasks))   # raises on a failed task
     info = {"engine": "sharded", "index": plan.index.get("kind", "flat"), "cells": len(plan.cells()),
             "query_blocks": len(plan.blocks), "shards": len(plan.shards), "threads": plan.g.threads,
             "tasks": settings.tasks if settings.executor is not None else 1,
