@@ -101,7 +101,34 @@ def progress_label(name: str, side: str) -> str:
     return f"{name} {'queries' if side == 'query' else 'documents'}"
 
 
-class HFDenseEncoder(Encoder):
+class OneBackboneEncoder(Encoder):
+    """What an encoder of one backbone for both sides says it is (HFDenseEncoder, care.encoders.m3.M3Encoder):
+    its `model` encodes queries and documents, texts up to `max_length` tokens, dense vectors of the hidden
+    size or cut to `truncate_dim`, unit length when normalised and not cut."""
+
+    model: torch.nn.Module
+    max_length: int
+    truncate_dim: int | None
+    normalize: bool = True  #: L2-normalised at full width (an M3 model always is)
+
+    @property
+    def networks(self) -> dict:
+        return {"query": self.model, "document": self.model}
+
+    @property
+    def dense_width(self) -> int:
+        return int(self.truncate_dim or self.model.config.hidden_size)
+
+    @property
+    def max_tokens(self) -> int:
+        return self.max_length
+
+    @property
+    def unit_vectors(self) -> bool:
+        return bool(self.normalize) and not self.truncate_dim  # a cut unit vector is shorter than 1
+
+
+class HFDenseEncoder(OneBackboneEncoder):
     """One backbone for queries and documents (symmetric).  `backend`: what runs the forward pass (BACKENDS,
     the module docstring); any but torch is CPU only and inference only (`embed` is then not differentiable)."""
 
@@ -159,22 +186,6 @@ class HFDenseEncoder(Encoder):
     @property
     def online_embedding_parameters(self) -> int:
         return self.model.get_input_embeddings().weight.numel()
-
-    @property
-    def networks(self) -> dict:
-        return {"query": self.model, "document": self.model}
-
-    @property
-    def dense_width(self) -> int:
-        return int(self.truncate_dim or self.model.config.hidden_size)
-
-    @property
-    def max_tokens(self) -> int:
-        return self.max_length
-
-    @property
-    def unit_vectors(self) -> bool:
-        return bool(self.normalize) and not self.truncate_dim  # a cut unit vector is shorter than 1
 
     def hidden_states(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
         """The last hidden states of a tokenised batch, by the encoder's backend."""

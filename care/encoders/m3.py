@@ -14,8 +14,8 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
-from care.encoders.base import Embeddings, Encoder, config_args
-from care.encoders.dense import batched_forward, pick_device, progress_label
+from care.encoders.base import Embeddings, config_args
+from care.encoders.dense import OneBackboneEncoder, batched_forward, pick_device, progress_label
 from care.encoders.onnx_backend import OnnxForward, export_identity, padded_example
 from care.encoders.prompts import Prompts
 from care.models import HEADS
@@ -25,7 +25,7 @@ from care.models.m3 import M3Model
 M3_BACKENDS = ("torch", "onnx")
 
 
-class M3Encoder(Encoder):
+class M3Encoder(OneBackboneEncoder):
     """`model=` wraps a live M3Model (training's validation) instead of loading `path`.  `truncate_dim`: keep
     the first d coordinates of the dense vector, normalised at full width and not re-normalised (the project's
     one Matryoshka convention, as `kind: dense` and CARE towers cut, and as `loss.matryoshka_dims` trains
@@ -84,22 +84,6 @@ class M3Encoder(Encoder):
     @property
     def online_embedding_parameters(self) -> int:
         return self.model.backbone.get_input_embeddings().weight.numel()
-
-    @property
-    def networks(self) -> dict:
-        return {"query": self.model, "document": self.model}
-
-    @property
-    def dense_width(self) -> int:
-        return int(self.truncate_dim or self.model.config.hidden_size)
-
-    @property
-    def max_tokens(self) -> int:
-        return self.max_length
-
-    @property
-    def unit_vectors(self) -> bool:
-        return not self.truncate_dim  # normalised at full width, a cut vector is shorter than 1
 
     def _step(self, texts: list[str], heads: Sequence[str]) -> list[tuple]:
         batch = self.tokenizer(texts, padding=True, truncation=True, max_length=self.max_length,
