@@ -25,7 +25,7 @@ import numpy as np
 from omegaconf import DictConfig, OmegaConf
 
 from care.data.examples import read_example_rows, write_examples
-from care.data.io import read_jsonl, read_text_store, save_figure, write_json, write_jsonl
+from care.data.io import read_jsonl, read_text_store, save_histogram, write_json, write_jsonl
 from care.data.stage_cache import fingerprint
 from care.data.stage_start import stage_start
 from care.encoders import Encoder, build_encoder
@@ -171,12 +171,7 @@ def plot_histogram(path: Path, neighbour_sims: np.ndarray, kept: list[float], fi
     ax.axvline(lo, color="tab:red", linestyle="--", label=f"window [{lo:g}, {hi:g})")
     ax.axvline(hi, color="tab:red", linestyle="--")
     ax.set_yscale("log")
-    ax.set_xlabel("similarity to the query (cosine)")
-    ax.set_ylabel("count")
-    ax.set_title(title, fontsize=10)
-    ax.legend(fontsize=8, loc="upper left")
-    fig.subplots_adjust(left=0.09, right=0.98, top=0.88, bottom=0.12)
-    save_figure(fig, path, dpi=110)
+    save_histogram(fig, ax, path, title, "similarity to the query (cosine)", "count")
 
 
 def run(cfg: DictConfig) -> dict:

@@ -27,7 +27,7 @@ import numpy as np
 from omegaconf import DictConfig, OmegaConf
 
 from care.data.examples import read_example_rows, write_examples
-from care.data.io import link_or_copy, read_text_store, save_figure
+from care.data.io import link_or_copy, read_text_store, save_histogram
 from care.data.stage_cache import fingerprint
 from care.data.stage_start import stage_start
 from data_pipeline.build import export_flag
@@ -97,12 +97,7 @@ def plot_histogram(path: Path, pos: list[float], neg: list[float], title: str, s
         ax.hist(neg, bins=edges, density=True, color="tab:red", alpha=0.55, label=f"negatives ({len(neg):,})")
     if pos:
         ax.hist(pos, bins=edges, density=True, color="tab:blue", alpha=0.55, label=f"positives ({len(pos):,})")
-    ax.set_xlabel(f"teacher score ({scale})")
-    ax.set_ylabel("density")
-    ax.set_title(title, fontsize=10)
-    ax.legend(fontsize=8, loc="upper left")
-    fig.subplots_adjust(left=0.09, right=0.98, top=0.88, bottom=0.12)
-    save_figure(fig, path, dpi=110)
+    save_histogram(fig, ax, path, title, f"teacher score ({scale})", "density")
 
 
 def run(cfg: DictConfig) -> dict:

@@ -153,6 +153,17 @@ def save_figure(fig, path: str | Path, dpi: int = 110) -> Path:
     return Path(path)
 
 
+def save_histogram(fig, ax, path: str | Path, title: str, xlabel: str, ylabel: str) -> Path:
+    """A stage's histogram finished in the stages' one style (axis labels, a small title and legend at the upper
+    left, fixed margins) and saved as save_figure does (the mine and score stages' plots)."""
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title, fontsize=10)
+    ax.legend(fontsize=8, loc="upper left")
+    fig.subplots_adjust(left=0.09, right=0.98, top=0.88, bottom=0.12)
+    return save_figure(fig, path, dpi=110)
+
+
 def write_jsonl(path: str | Path, rows: Iterable[dict]) -> int:
     n = 0
     encoder = json.JSONEncoder(ensure_ascii=False)  # one encoder: json.dumps builds a new one per call
