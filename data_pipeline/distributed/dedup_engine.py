@@ -33,6 +33,8 @@ from datatrove.io import get_datafolder
 from omegaconf import DictConfig
 
 from care.data.io import write_jsonl
+from care.data.stage_cache import LOCK_FILES
+from care.runlock import FORCE_KEY, locked_folder
 from data_pipeline.dedup.clusters import survivors
 from data_pipeline.dedup.minhash import choose_bands_rows, s_curve
 from data_pipeline.dedup.minhash_reference import jaccard, shingles
@@ -173,16 +175,27 @@ def _lines(store: TextStore, stage: str, pairs: np.ndarray, min_edge: dict | Non
 
 def datatrove_dedup(cfg: DictConfig, src: Path, fp: str, thresholds: dict | None, filters, start) -> dict:
     """The stage's work on the datatrove engine (module docstring); returns start.finish's stats."""
-    from data_pipeline.dedup.stage import _cluster_lines, _largest, _semantic, stats_header
-
-    d, out, order = cfg.dedup, start.out, list(cfg.dedup.stages)
+    order = list(cfg.dedup.stages)
     if "semantic" in order and order[-1] != "semantic":
         raise ValueError(f"dedup.stages={order}: with dedup.engine=datatrove the semantic stage comes last "
                          "(exact and MinHash run as datatrove tasks first)")
-    t_read = time.perf_counter()
     work_path = work_folder(cfg, fp)
-    if cfg.get("force") and work_path.exists():
-        shutil.rmtree(work_path)   # force: a fresh run, nothing resumed
+    # one run per work folder: two runs of one input and config (into two out= folders) would share it
+    with locked_folder(work_path, "dedup work folder", force=bool(cfg.get(FORCE_KEY, False))):
+        if cfg.get("force"):   # a fresh run, nothing resumed
+            for entry in [p for p in work_path.iterdir() if p.name not in LOCK_FILES]:
+                shutil.rmtree(entry) if entry.is_dir() else entry.unlink()
+        result = _run(cfg, src, fp, thresholds, filters, start, work_path)
+    if not cfg.dedup.get("keep_work"):
+        shutil.rmtree(work_path, ignore_errors=True)
+    return result
+
+
+def _run(cfg: DictConfig, src: Path, fp: str, thresholds: dict | None, filters, start, work_path: Path) -> dict:
+    from data_pipeline.dedup.stage import _cluster_lines, _largest, _semantic, stats_header
+
+    d, out, order = cfg.dedup, start.out, list(cfg.dedup.stages)
+    t_read = time.perf_counter()
     work, logs = get_datafolder(str(work_path)), work_path / "logs"
     counts, tasks = prepare_store(work, src, filters, d)
     store = TextStore(work)
@@ -246,10 +259,7 @@ def datatrove_dedup(cfg: DictConfig, src: Path, fp: str, thresholds: dict | None
     write_jsonl(out / "clusters.jsonl", chain.from_iterable(line_parts))
     write_jsonl(out / "kept.jsonl", _kept_rows(store, keep))
     stats.update(texts_in=n, texts_out=len(keep), thresholds=thresholds)
-    result = start.finish(stats)
-    if not d.get("keep_work"):
-        shutil.rmtree(work_path, ignore_errors=True)
-    return result
+    return start.finish(stats)
 
 
 def read_json(work, path: str) -> dict:
