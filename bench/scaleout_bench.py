@@ -249,19 +249,24 @@ def equal_on_real_sets(work: Path) -> dict:
 
 
 def run(sizes=SIZES, engines=("native", "datatrove"), work: Path = Path("/tmp/scaleout_bench"),
-        mem_cap_gb: float = 12.0, save=lambda result: None, nice: int = 10, repeat: int = 1) -> dict:
+        mem_cap_gb: float = 12.0, save=lambda result: None, nice: int = 10, repeat: int = 1,
+        done: list | None = None) -> dict:
     """The sizes, each engine in turn (`repeat` times, alternating); `save(result)` after every run, so a run
-    stopped half-way leaves what it measured."""
+    stopped half-way leaves what it measured.  `done`: runs measured before (--resume), not run again."""
     real = _real_texts()
-    result: dict = {"sizes": list(sizes), "planted_share": PLANTED_SHARE, "seed": SEED, "nice": nice, "runs": []}
+    result: dict = {"sizes": list(sizes), "planted_share": PLANTED_SHARE, "seed": SEED, "nice": nice,
+                    "mem_cap_gb": mem_cap_gb, "runs": list(done or [])}
+    measured = {(r["n"], r["engine"]) for r in done or [] if "failed" not in r}
     for n in sizes:
+        if all((n, e) in measured for e in engines):
+            continue
         t0 = time.perf_counter()
         store = work / f"store_{n}.jsonl"
         info = build_store(n, store, real)
         print(f"scaleout: store of {n:,} texts ({len(info['planted']):,} planted) in "
               f"{time.perf_counter() - t0:.0f} s", flush=True)
         outs = {}
-        for engine in [e for _ in range(repeat) for e in engines]:
+        for engine in [e for _ in range(repeat) for e in engines if (n, e) not in measured]:
             out = work / f"out_{engine}_{n}"
             load = [round(x, 2) for x in os.getloadavg()]
             row = {"n": n, **measure(engine, store, out, work / "cache", mem_cap_gb, nice), "load_before": load,
@@ -292,6 +297,7 @@ def main() -> None:
     ap.add_argument("--skip-equal", action="store_true", help="no equality check on the real sets")
     ap.add_argument("--nice", type=int, default=10, help="niceness of the measured runs (default 10)")
     ap.add_argument("--repeat", type=int, default=1, help="runs of each engine per size, alternating")
+    ap.add_argument("--resume", action="store_true", help="keep what --out holds; run only what it lacks")
     ap.add_argument("--stage", nargs=4, metavar=("ENGINE", "STORE", "OUT", "CACHE"), help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.stage:
@@ -305,15 +311,20 @@ def main() -> None:
     target = args.out or PROJECT_ROOT / "bench" / "results" / "scaleout.json"
     head = {"benchmark": "scaleout", "date": date, "machine": machine(), "load_at_start": os.getloadavg()}
     partial: dict = {}
+    if args.resume and target.is_file():
+        earlier = json.loads(target.read_text(encoding="utf-8"))
+        partial = {k: v for k, v in earlier.items() if k not in ("benchmark", "wall_s")}
+        head.update(date=earlier.get("date", date), resumed=date)
 
     def save(result: dict) -> None:
         partial.update(result)
         write_json(target, {**head, "wall_s": round(time.perf_counter() - start, 1), **partial})
 
-    if not args.skip_equal:
+    if not args.skip_equal and "equal_on_real_sets" not in partial:
         save({"equal_on_real_sets": equal_on_real_sets(args.work)})
     if not args.equal:
-        run(args.sizes, args.engines, args.work, args.mem_cap_gb, save, args.nice, args.repeat)
+        run(args.sizes, args.engines, args.work, args.mem_cap_gb, save, args.nice, args.repeat,
+            partial.get("runs"))
     print(json.dumps(json.loads(target.read_text(encoding="utf-8")), indent=2)[:6000])
 
 
