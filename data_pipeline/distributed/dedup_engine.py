@@ -13,10 +13,11 @@ Memory: the tasks hold their own range of texts (dedup.tasks: auto gives ~ROWS_P
 range of a band (BUCKET_RECORDS records); this process holds the positions removed and one check set of
 the ids while reading (read_text_rows).
 
-The work folder: dedup.work_dir, else <cache_root>/datatrove/dedup/<stage fingerprint>-<tasks>t (on Slurm it
-must be on a filesystem every node sees).  A failed or stopped run leaves it, and the same command resumes:
-each step's finished tasks are skipped (datatrove's completions/).  It is deleted when the stage has written
-its folder (dedup.keep_work=true keeps it) and at the start of a force=true run.
+The work folder: dedup.work_dir, else <cache_root>/datatrove/dedup/<stage fingerprint>-tasks_<dedup.tasks> (on
+Slurm it must be on a filesystem every node sees), held by a run lock (care/runlock.py) while the stage runs.
+A failed or stopped run leaves it, and the same command resumes: each step's finished tasks are skipped
+(datatrove's completions/).  It is deleted when the stage has written its folder (dedup.keep_work=true
+keeps it) and emptied at the start of a force=true run.
 """
 from __future__ import annotations
 
@@ -56,7 +57,7 @@ from data_pipeline.distributed.dedup_steps import (
 from data_pipeline.distributed.executors import make_executor, run_steps
 
 ROWS_PER_TASK = 100_000     # dedup.tasks=auto: texts per task (a task's memory follows its texts)
-BUCKET_RECORDS = 1 << 20    # band records per bucket task (~32 MB of records before grouping)
+BUCKET_RECORDS = 1 << 20    # band records per bucket unit (~32 MB of records before grouping)
 LINE_BATCH = 20_000         # cluster members read by position at once while writing clusters.jsonl
 
 
