@@ -203,6 +203,10 @@ class EmbeddingCache:
 
     def get(self, fingerprint: str, side: str, heads: Sequence[str], texts: Sequence[str],
             encode: Callable[[list[str]], Embeddings]) -> Embeddings:
+        """Embeddings of `texts` in order (a repeated text is looked up and encoded once): the texts this encoder
+        side has cached are read, the rest encoded by `encode(missing_texts)` and stored as one new chunk.  A
+        chunk that fails its check when read counts as missing: its texts are encoded again (into the same file
+        when this request holds all of them, else it is moved aside) and the lookup runs once more without it."""
         heads = tuple(heads)
         if not self.enabled or not texts:
             self.misses += len(texts)
@@ -210,66 +214,71 @@ class EmbeddingCache:
         keys = [text_key(t) for t in texts]
         unique = list(dict.fromkeys(keys))
         folder = self.folder(fingerprint, side, heads)
-
-        whole = folder / f"{list_hash(unique)}.npz"
-        first: dict[bytes, int] = {}
-        # Each round locates every text, encodes the missing ones, then reads (and checks) the chunks serving
-        # the rest; a chunk failing its check is left out and the round run again, so its texts are encoded
-        # (in place when the request holds all of its texts, else it is moved aside).
-        bad: set[Path] = set()
-        handled: set[Path] = set()
-        n_encoded = 0
-        while True:
-            where = self._locate(folder, whole, fingerprint, bad)
+        whole = folder / f"{list_hash(unique)}.npz"  # the chunk of exactly this list, when it was stored whole
+        skip: set[Path] = set()  # chunks found damaged and not rewritten: every lookup passes them over
+        seen: set[Path] = set()  # every chunk this call found damaged (each rewritten or moved aside once)
+        encoded = 0
+        while True:  # one round, and one more for each chunk found damaged while reading the rows
+            where = self._locate(folder, whole, fingerprint, skip)
             missing = [k for k in unique if k not in where]
-            fresh: dict[Path, dict] = {}
-            todo = set(missing)
-            groups = []  # (path, keys)
-            for path in sorted(bad - handled):
-                old = self._keys_of(path)
-                if old and set(old) <= todo:
-                    groups.append((path, old))
-                    todo -= set(old)
-            if rest := [k for k in missing if k in todo]:
-                groups.append((folder / f"{list_hash(rest)}.npz", rest))
-            if groups and not first:
-                first = {k: i for i, k in reversed(list(enumerate(keys)))}
-            for path, group in groups:
-                new_texts = [texts[first[k]] for k in group]
-                fresh[path] = self._write(path, group, encode(new_texts), fingerprint)
-                where.update({k: (path, row) for row, k in enumerate(group)})
-            for path in bad - handled - set(fresh):
-                quarantine(path)
-            handled |= bad
-            bad -= set(fresh)  # rewritten in place: sound again
-            n_encoded += len(missing)
+            stored = self._store_missing(folder, missing, sorted(skip - seen), keys, texts, encode, fingerprint)
+            fresh = {path: arrays for path, _, arrays in stored}
+            where.update({k: (path, row) for path, group, _ in stored for row, k in enumerate(group)})
+            for path in skip - seen - set(fresh):
+                quarantine(path)  # damaged, and this request does not hold all of its texts to rewrite it
+            seen |= skip
+            skip -= set(fresh)  # rewritten in place: sound again
+            encoded += len(missing)
             self.misses += len(missing)
-
-            # Read rows chunk by chunk (one fancy index per chunk), then put them in the requested order.
-            rows_of: dict[Path, tuple[list[int], list[int]]] = {}
-            for pos, k in enumerate(unique):
-                path, row = where[k]
-                rows_of.setdefault(path, ([], []))
-                rows_of[path][0].append(row)
-                rows_of[path][1].append(pos)
-            parts, order = [], []
-            for path, (rows, positions) in rows_of.items():
-                arrays = fresh.get(path) or self._read(path, fingerprint)
-                if arrays is None:
-                    if path in handled:  # rewritten by this call, yet failing again: the disk, not the chunk
-                        raise RuntimeError(f"embedding chunk {path} failed its check again after being rewritten")
-                    bad.add(path)
-                    break
-                parts.append(unpack_rows(arrays, np.array(rows, dtype=np.int64)))
-                order.extend(positions)
-            else:
+            merged, row_of, damaged = self._gather(unique, where, fresh, fingerprint)
+            if damaged is None:
                 break
-        self.hits += len(unique) - n_encoded
-        merged = concat(parts)
-        # merged row j holds unique text order[j]; request row i wants unique text position[keys[i]].
-        where_in_merged = {unique[p]: j for j, p in enumerate(order)}
-        return merged.select([where_in_merged[k] for k in keys])
+            if damaged in seen:  # rewritten by this call, yet failing again: the disk, not the chunk
+                raise RuntimeError(f"embedding chunk {damaged} failed its check again after being rewritten")
+            skip.add(damaged)
+        self.hits += len(unique) - encoded
+        return merged.select([row_of[k] for k in keys])
 
+    def _store_missing(self, folder: Path, missing: list[bytes], damaged: list[Path], keys: list[bytes],
+                       texts: Sequence[str], encode: Callable[[list[str]], Embeddings], fingerprint: str
+                       ) -> list[tuple[Path, list[bytes], dict]]:
+        """Encode the texts of the `missing` keys and store them: a `damaged` chunk whose texts are all missing is
+        rewritten in place (its name is the hash of its keys), the rest become one new chunk.  (path, keys, the
+        arrays written) for each chunk written."""
+        todo = set(missing)
+        groups = []
+        for path in damaged:
+            old = self._keys_of(path)
+            if old and set(old) <= todo:
+                groups.append((path, old))
+                todo -= set(old)
+        if rest := [k for k in missing if k in todo]:
+            groups.append((folder / f"{list_hash(rest)}.npz", rest))
+        if not groups:
+            return []
+        text_of = {k: t for k, t in reversed(list(zip(keys, texts)))}  # a key's first text
+        return [(path, group, self._write(path, group, encode([text_of[k] for k in group]), fingerprint))
+                for path, group in groups]
+
+    def _gather(self, unique: list[bytes], where: dict[bytes, tuple[Path, int]], fresh: dict[Path, dict],
+                fingerprint: str) -> tuple[Embeddings | None, dict[bytes, int], Path | None]:
+        """The rows of the `unique` keys, read chunk by chunk (one fancy index per chunk; the chunks just written
+        from memory): (the rows, each key's row among them, None), or (None, {}, the chunk) when a chunk fails
+        its check."""
+        rows_of: dict[Path, tuple[list[int], list[bytes]]] = {}
+        for k in unique:
+            path, row = where[k]
+            rows, chunk_keys = rows_of.setdefault(path, ([], []))
+            rows.append(row)
+            chunk_keys.append(k)
+        parts, order = [], []
+        for path, (rows, chunk_keys) in rows_of.items():
+            arrays = fresh.get(path) or self._read(path, fingerprint)
+            if arrays is None:
+                return None, {}, path
+            parts.append(unpack_rows(arrays, np.array(rows, dtype=np.int64)))
+            order.extend(chunk_keys)
+        return concat(parts), {k: j for j, k in enumerate(order)}, None
 
 def embed(encoder: Encoder, texts: Sequence[str], side: str, cache: EmbeddingCache | None = None,
           batch_size: int = 32, heads: Sequence[str] | None = None, show_progress: bool = True,
