@@ -126,7 +126,7 @@ def _stage(engine: str, store: str, out: str, cache: str) -> None:
     print(json.dumps({"stage_seconds": stats["seconds"], "texts_out": stats["texts_out"],
                       "cpu_s": round(own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime, 1),
                       "stages": {k: v["seconds"] for k, v in stats["stages"].items()},
-                      "engine": stats.get("engine"), "steps": steps,
+                      "engine_stats": stats.get("engine"), "steps": steps,
                       "self_peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
                       "largest_child_peak_rss_mb":
                           round(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024, 1)}))
@@ -256,6 +256,9 @@ def run(sizes=SIZES, engines=("native", "datatrove"), work: Path = Path("/tmp/sc
     real = _real_texts()
     result: dict = {"sizes": list(sizes), "planted_share": PLANTED_SHARE, "seed": SEED, "nice": nice,
                     "mem_cap_gb": mem_cap_gb, "runs": list(done or [])}
+    for r in done or []:   # rows written before the child's key was "engine_stats" lost the engine's name
+        if not isinstance(r["engine"], str):
+            r["engine_stats"], r["engine"] = r["engine"], "datatrove" if r["engine"] else "native"
     measured = {(r["n"], r["engine"]) for r in done or [] if "failed" not in r}
     for n in sizes:
         if all((n, e) in measured for e in engines):
