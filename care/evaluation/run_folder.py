@@ -141,7 +141,7 @@ def _same_model(before: list[str], now: list[str]) -> bool:
         return True
     if not all(Path(p).is_dir() for p in before + now):
         return False
-    from care.models.hub import weights_digest
+    from care.encoders import weights_digest
 
     try:
         return [weights_digest(p) for p in before] == [weights_digest(p) for p in now]
