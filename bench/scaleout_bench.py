@@ -137,7 +137,8 @@ def measure(engine: str, store: Path, out: Path, cache: Path, mem_cap_gb: float,
     import psutil
 
     t0 = time.perf_counter()
-    proc = subprocess.Popen(["nice", "-n", str(max(0, nice - os.nice(0))), sys.executable,   # `nice` adds "-m", "bench.scaleout_bench", "--stage", engine,
+    step = max(0, nice - os.nice(0))   # `nice -n` adds to this process's niceness: the stage runs at `nice`
+    proc = subprocess.Popen(["nice", "-n", str(step), sys.executable, "-m", "bench.scaleout_bench", "--stage", engine,
                              str(store), str(out), str(cache)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
     root = psutil.Process(proc.pid)
