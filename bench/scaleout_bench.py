@@ -15,8 +15,8 @@ own process, niced; datatrove on the local executor, tasks=auto (one per 100,000
 Measured: the wall time of that process, the stage's own seconds (stats.json) and the CPU seconds of the
 process and all its children (on a shared machine, the figure the load moves least), the peak resident memory
 of the stage's process and of the largest of its children (getrusage: a datatrove worker, which runs tasks
-one after another), and the peak of the whole process tree sampled every 0.2 s (sum of RSS, and of PSS,
-which counts pages shared by forked workers once).  A run whose tree passes --mem-cap-gb (default 12) is
+one after another), and the peak of the whole process tree sampled every 0.2 s (sum of RSS; and of PSS,
+which counts pages shared by forked workers once, every second: reading it stalls the process read).  A run whose tree passes --mem-cap-gb (default 12) is
 stopped and recorded as such, so a 2-core machine shared with other work is not driven out of memory.
 Planted duplicates found: a planted pair counts when clusters.jsonl puts both texts under one kept text.
 """
@@ -144,13 +144,18 @@ def measure(engine: str, store: Path, out: Path, cache: Path, mem_cap_gb: float,
     root = psutil.Process(proc.pid)
     peak_rss = peak_pss = 0.0
     capped = False
+    polls = 0
     while proc.poll() is None:
         rss = pss = 0.0
+        # PSS reads smaps, which holds each process's memory map lock while it walks it and stalls a process
+        # that is allocating: once a second; RSS (statm, cheap) every 0.2 s
+        full = polls % 5 == 0
+        polls += 1
         try:
             for p in [root, *root.children(recursive=True)]:
                 try:
-                    info = p.memory_full_info()
-                    rss, pss = rss + info.rss, pss + info.pss
+                    info = p.memory_full_info() if full else p.memory_info()
+                    rss, pss = rss + info.rss, pss + (info.pss if full else 0.0)
                 except (psutil.NoSuchProcess, psutil.AccessDenied):
                     continue
         except psutil.NoSuchProcess:

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import shutil
 import time
 from collections.abc import Iterator
@@ -62,9 +63,16 @@ LINE_BATCH = 20_000         # cluster members read by position at once while wri
 
 
 def task_count(d: DictConfig, n: int) -> int:
+    """dedup.tasks, or for `auto` one task per ROWS_PER_TASK texts; on the local executor with more than one,
+    a multiple of the workers, so no round of a step runs one task alone."""
     tasks = d.get("tasks", "auto")
     if tasks == "auto":
-        return max(1, math.ceil(n / ROWS_PER_TASK))
+        tasks = max(1, math.ceil(n / ROWS_PER_TASK))
+        workers = int(d.get("workers", -1))
+        workers = workers if workers > 0 else os.cpu_count() or 1
+        if tasks > 1 and str(d.get("executor", "local")) == "local":
+            tasks = math.ceil(tasks / workers) * workers
+        return tasks
     if not isinstance(tasks, int) or isinstance(tasks, bool) or tasks < 1:
         raise ValueError(f"dedup.tasks={tasks!r}: a positive number of tasks or 'auto'")
     return tasks
