@@ -163,3 +163,17 @@ def test_filters_blank_lines_and_line_ends(store, tmp_path):
     stats = dedup(src, tmp_path / "dt", "datatrove", *picked, "dedup.tasks=3", "dedup.workers=1")
     assert_same_folder(tmp_path / "dt", tmp_path / "native", stats, ref)
     assert ref["rows_filtered_out"] > 200 and stats["stages"]["minhash"]["clusters"] > 0
+
+
+def test_auto_task_count():
+    """auto: one task per 100,000 texts; locally a multiple of the workers (no round of one task alone)."""
+    from omegaconf import OmegaConf
+
+    from data_pipeline.distributed.dedup_engine import task_count
+
+    def count(n, **d):
+        return task_count(OmegaConf.create({"tasks": "auto", **d}), n)
+
+    assert count(50_000, workers=2) == 1 and count(250_000, workers=2) == 4 and count(250_000, workers=3) == 3
+    assert count(250_000, workers=2, executor="slurm") == 3 and count(0) == 1
+    assert count(250_000, workers=2, tasks=5) == 5
