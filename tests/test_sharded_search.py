@@ -100,7 +100,7 @@ def test_ties_at_k_settled_as_one_index(vectors, tmp_path):
     k, calls = 20, [(0, 420)]
     D0, I0 = flat_knn(vectors, k, calls)
     D, I, info = S.knn(vectors, vectors, k, settings(tmp_path), calls=calls)
-    assert info["tied_at_k"] > 0 and np.array_equal(I, I0)
+    assert info["tied_at_k"] > 0 and np.array_equal(I, I0) and np.array_equal(bits(D), bits(D0))
     D1, I1, _ = S.knn(vectors, vectors, k, settings(tmp_path, exact_ties=False), calls=calls)
     assert np.array_equal(bits(D1), bits(D0))
     assert not np.array_equal(I1, I0)
@@ -128,6 +128,29 @@ def test_shards_cut_off_the_tiles_change_scores(vectors):
     parts = [S.exact_cell(plan, 0, vectors, vectors[s0:s1], s0) for s0, s1 in plan.shards]
     D, _, _ = S.merge_knn(parts, k)
     assert not np.array_equal(bits(D), bits(D0))
+
+
+def test_a_relaunch_keeps_finished_cells(vectors, tmp_path):
+    """Task 0 of 2 of the cells step ran, then the search is run again: the same work folder (named by the
+    vectors and the plan), task 0's cell files untouched, the rest computed, the result one index's."""
+    from data_pipeline.distributed.search_steps import SearchCells
+
+    k = 12
+    plan = S.make_plan("knn", 420, 420, 384, k=k, shard_rows=96, query_rows=128, threads=G.threads,
+                       self_search=True)
+    job = S.Job.create(tmp_path / "work", plan, vectors, vectors)
+    list(SearchCells(str(job.folder)).run(None, rank=0, world_size=2))
+    done = {p: p.stat().st_mtime_ns for p in (job.folder / "cells").iterdir()}
+    assert len(done) == (len(plan.cells()) + 1) // 2
+    again = S.Job.create(tmp_path / "work", plan, vectors, vectors)
+    assert again.folder == job.folder
+    S.run_inline(again)
+    assert all(p.stat().st_mtime_ns == t for p, t in done.items())
+    assert len(list((job.folder / "cells").iterdir())) == len(plan.cells())
+    D = np.concatenate([r["scores"] for _, r in again.results()])
+    I = np.concatenate([r["ids"] for _, r in again.results()])
+    D0, I0 = flat_knn(vectors, k, [(0, 420)])
+    assert np.array_equal(I, I0) and np.array_equal(bits(D), bits(D0))
 
 
 # ---- range: one index's pairs, block by block ----------------------------------------------------------

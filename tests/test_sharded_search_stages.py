@@ -30,8 +30,9 @@ def small_tiles():
 def test_encoded_vectors_independent_of_task_count(tiny_bert_dir, shared, tmp_path):
     """Tasks 1, 2 (two processes of the local executor) and 3 write the same chunks, named and cut as encode.py
     cuts its shards; a second run encodes nothing."""
-    import encode
+    from omegaconf import OmegaConf
 
+    import encode
     from care.config import load_config
     from care.encoders import build_encoder
     from care.encoders.cache import EmbeddingCache
@@ -41,8 +42,6 @@ def test_encoded_vectors_independent_of_task_count(tiny_bert_dir, shared, tmp_pa
     texts = shared_texts()[:45] + shared_texts()[:3]   # 3 repeated: each encoded once
     model = load_config("data_pipeline", ["model=tiny_bert", f"model.path={tiny_bert_dir}"]).model
     encoder = build_encoder(model)
-    from omegaconf import OmegaConf
-
     spec = OmegaConf.to_container(model, resolve=True)
     theirs = encode.make_shards(encoder, [(None, texts)], 7)
     assert make_shards(texts, 7) == [s.texts for s in theirs]
@@ -134,6 +133,7 @@ def test_semantic_dedup_equal_native(tiny_bert_dir, tmp_path):
     sharded = dedup("sharded", "dedup.semantic.engine=sharded", "dedup.semantic.tasks=2")
     assert dedup("sharded").get("skipped")   # native on the sharded engine's folder: up to date
     native = dedup("native")
+    assert "engine" not in native["stages"]["semantic"]
     assert sharded["stages"]["semantic"]["clusters"] > 10 and sharded["stages"]["semantic"]["engine"]["tasks"] == 2
     for name in ("kept.jsonl", "clusters.jsonl"):
         assert filecmp.cmp(tmp_path / "sharded" / name, tmp_path / "native" / name, shallow=False)
