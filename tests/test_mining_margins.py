@@ -29,6 +29,7 @@ from care.encoders import build_encoder
 from care.encoders.prompts import legacy_keyed
 from care.models.hub import weights_digest
 from data_pipeline import mining
+from data_pipeline.distributed.search import SEARCH_KEYS
 from data_pipeline.mining_window import rule_thresholds
 
 TOP_ALL = 1000  # more than any pool holds: the stage's top-K is the whole pool, as the reference's
@@ -313,8 +314,10 @@ def test_fingerprint_leaves_rules_that_are_off_out_and_marks_the_format(runs):
     cfg = run["cfg"]
     opts = OmegaConf.to_container(cfg.mine, resolve=True)
     assert all(opts[k] is None for k in RULES) and opts["judge"] is None
-    # the mine stage's judge (data_pipeline/judge.py) is off: its three keys are left out too
-    before = {k: v for k, v in opts.items() if k not in (*RULES, "judge", "judge_rule", "judge_margin")}
+    # the mine stage's judge (data_pipeline/judge.py) is off: its three keys are left out too, and so are the
+    # keys of how the search runs (mine.engine, ...: data_pipeline/distributed/search.py SEARCH_KEYS)
+    before = {k: v for k, v in opts.items()
+              if k not in (*RULES, "judge", "judge_rule", "judge_margin", *SEARCH_KEYS)}
     window = run["stats"]["window"]
     build = Path(opts["input_dir"])
     inputs = [build / "examples.jsonl", build / "texts.jsonl", build / "leakage.json",
