@@ -51,9 +51,9 @@ def test_encoded_vectors_independent_of_task_count(tiny_bert_dir, shared, tmp_pa
         settings = S.Settings(executor=executor, tasks=tasks, work_dir=str(tmp_path / "work"))
         done = encode_as_tasks(encoder, spec, {"document": texts}, cache, 8, 7, settings)
         assert (done["shards"], done["encoded"], done["texts"]) == (7, 7, 45)
-        folder = cache.folder(encoder.side_fingerprint("document"), "document", ("dense",))
+        folder = cache.folder(encoder.side_fingerprint("document"), "document", encoder.default_heads)
         chunks[tasks] = {p.name: np.load(p)["dense"] for p in sorted(folder.glob("*.npz"))}
-        assert set(chunks[tasks]) == {cache.chunk_path(s.fingerprint, "document", ("dense",), s.texts).name
+        assert set(chunks[tasks]) == {cache.chunk_path(s.fingerprint, "document", encoder.default_heads, s.texts).name
                                       for s in theirs}
         again = encode_as_tasks(encoder, spec, {"document": texts}, cache, 8, 7, settings)
         assert (again["encoded"], again["skipped"]) == (0, 7)

@@ -23,8 +23,6 @@ from pathlib import Path
 from care.data.io import atomic_open
 from care.encoders.cache import EmbeddingCache
 
-HEADS = ("dense",)  # what mining and semantic dedup read (care.encoders.cache.embed's default)
-
 
 def make_shards(texts: list[str], size: int) -> list[list[str]]:
     """encode.py's shards of one side: the texts each once, in order, cut every `size`."""
@@ -43,11 +41,13 @@ class EncodeJob:
 
     @classmethod
     def create(cls, root: str | Path, model: dict, cache_dir: str | Path, sides: dict[str, tuple[str, list[str]]],
-               batch_size: int, shard_size: int) -> EncodeJob:
-        """`sides`: side ("query" | "document") -> (that side's fingerprint, its texts)."""
+               batch_size: int, shard_size: int, heads: list[str]) -> EncodeJob:
+        """`sides`: side ("query" | "document") -> (that side's fingerprint, its texts); `heads`: what the stage
+        reads back (care.encoders.cache.embed's default, the encoder's default_heads)."""
         from data_pipeline.distributed.search import digest
 
         spec = {"model": model, "cache": str(cache_dir), "batch_size": int(batch_size), "shard_size": int(shard_size),
+                "heads": list(heads),
                 "sides": {side: {"fingerprint": fp, "texts": list(dict.fromkeys(texts))}
                           for side, (fp, texts) in sides.items()}}
         text = json.dumps(spec, sort_keys=True, ensure_ascii=False, default=str)
@@ -71,10 +71,11 @@ class EncodeJob:
     def run_task(self, rank: int, world: int) -> dict:
         """Task `rank` of `world`: its shards encoded into the cache unless already there; its counts."""
         spec, cache = self.spec, EmbeddingCache(self.spec["cache"])
+        heads = tuple(spec["heads"])
         encoder, done = None, {"rank": rank, "encoded": 0, "skipped": 0, "texts": 0, "seconds": 0.0}
         for side, texts in self.shards()[rank::world]:
             fp = spec["sides"][side]["fingerprint"]
-            if cache.chunk_state(fp, side, HEADS, texts) == "ok":
+            if cache.chunk_state(fp, side, heads, texts) == "ok":
                 done["skipped"] += 1
                 continue
             if encoder is None:
@@ -87,8 +88,8 @@ class EncodeJob:
                                        f"the submitting process's was {fp} (another model folder or code?)")
             encode = encoder.encode_queries if side == "query" else encoder.encode_documents
             t0 = time.perf_counter()
-            cache.put_chunk(fp, side, HEADS, texts, lambda todo, encode=encode: encode(
-                todo, batch_size=spec["batch_size"], heads=HEADS, show_progress=False, task=None))
+            cache.put_chunk(fp, side, heads, texts, lambda todo, encode=encode: encode(
+                todo, batch_size=spec["batch_size"], heads=heads, show_progress=False, task=None))
             done["seconds"] += time.perf_counter() - t0
             done["encoded"] += 1
             done["texts"] += len(texts)
@@ -112,7 +113,7 @@ def encode_as_tasks(encoder, model: dict, sides: dict[str, list[str]], cache: Em
     t0 = time.perf_counter()
     job = EncodeJob.create(settings.work_dir, model, cache.root,
                            {side: (encoder.side_fingerprint(side, None), texts) for side, texts in sides.items()},
-                           batch_size, shard_size)
+                           batch_size, shard_size, encoder.default_heads)
     n = len(job.shards())
     tasks = max(1, min(settings.tasks, n))
     if settings.executor is None:
