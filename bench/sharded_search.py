@@ -65,7 +65,9 @@ def recall(found: np.ndarray, exact: np.ndarray, k: int) -> float:
 def numerics(x: np.ndarray, xq: np.ndarray, D0: np.ndarray) -> dict:
     """Why the cells are cut as they are: the share of one index's top-K scores whose bits change when the
     database is cut at multiples of 1,000 rows (not of FAISS's 1,024-row tile), and when FAISS runs on one
-    thread instead of two; and the share whose 6-decimal rounding (the score train.jsonl stores) changes."""
+    thread instead of two; and the share whose 6-decimal rounding (the score train.jsonl stores) changes.  And
+    why the merge is its own: the rows where FAISS's ResultHeap or IndexShards over 4 tile-aligned shards,
+    and this engine, give other ids or scores than one index, at top-10 and top-K."""
     import faiss
 
     from data_pipeline.distributed import search as S
@@ -81,6 +83,30 @@ def numerics(x: np.ndarray, xq: np.ndarray, D0: np.ndarray) -> dict:
                    for s in range(0, len(x), 1000 * (-(-len(x) // 4000)))]
     D, _, _ = S.merge_knn([S.exact_cell(plan, 0, xq, x[s0:s1], s0) for s0, s1 in plan.shards], K)
     out = {"shards_cut_at_1000_rows": share(D)}
+    # FAISS's own mergers over the same 4 tile-aligned shards: one index's scores, but their heaps keep other
+    # ids among scores tied at the k-th place
+    for k in (10, K):
+        index = faiss.IndexFlatIP(x.shape[1])
+        index.add(x)
+        D0k, I0k = index.search(xq, k)
+        heap, shards = faiss.ResultHeap(len(xq), k, keep_max=True), faiss.IndexShards(x.shape[1], True, True)
+        rows = -(-len(x) // 4 // here.block) * here.block
+        for s0 in range(0, len(x), rows):
+            sub = faiss.IndexFlatIP(x.shape[1])
+            sub.add(x[s0:s0 + rows])
+            Ds, Is = sub.search(xq, k)
+            heap.add_result(Ds, np.where(Is >= 0, Is + s0, -1))
+            shards.add_shard(sub)
+        heap.finalize()
+        Dsh, Ish = shards.search(xq, k)
+        Dme, Ime, _ = S.knn(xq, x, k, S.Settings(shard_rows=rows, work_dir=tempfile.mkdtemp()))
+        out[f"mergers_top{k}"] = {
+            "this engine": {"rows_ids_differ": int((Ime != I0k).any(1).sum()),
+                            "rows_scores_differ": int((Dme != D0k).any(1).sum())},
+            "ResultHeap": {"rows_ids_differ": int((heap.I != I0k).any(1).sum()),
+                           "rows_scores_differ": int((heap.D != D0k).any(1).sum())},
+            "IndexShards": {"rows_ids_differ": int((Ish != I0k).any(1).sum()),
+                            "rows_scores_differ": int((Dsh != D0k).any(1).sum())}}
     for threads in (1, 2):
         if threads != here.threads:
             with S.faiss_as(S.Geometry(here.tile, here.block, here.blas_threshold, threads)):
