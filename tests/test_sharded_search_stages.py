@@ -137,3 +137,40 @@ def test_semantic_dedup_equal_native(tiny_bert_dir, tmp_path):
     assert sharded["stages"]["semantic"]["clusters"] > 10 and sharded["stages"]["semantic"]["engine"]["tasks"] == 2
     for name in ("kept.jsonl", "clusters.jsonl"):
         assert filecmp.cmp(tmp_path / "sharded" / name, tmp_path / "native" / name, shallow=False)
+
+
+# ---- Slurm, through the stand-in ------------------------------------------------------------------------
+
+@pytest.mark.slow
+def test_slurm_stand_in_failure_then_relaunch(tmp_path, monkeypatch):
+    """The search's steps as Slurm job arrays (tests/fake_slurm: sbatch runs datatrove's scripts here): a lost
+    cells task is named and the merge never runs; the same call then re-runs only the missing cells and
+    gives one index's ids and scores."""
+    import json
+    from pathlib import Path
+
+    import faiss
+
+    from data_pipeline.distributed.executors import TasksFailed
+
+    fake = Path(__file__).parent / "fake_slurm"
+    monkeypatch.setenv("PATH", f"{fake}:{__import__('os').environ['PATH']}")
+    monkeypatch.setenv("FAKE_SLURM_DIR", str(tmp_path / "slurm"))
+    x = np.random.default_rng(0).standard_normal((300, 32)).astype(np.float32)
+    x /= np.linalg.norm(x, axis=1, keepdims=True)
+    executor = {"executor": "slurm", "slurm": {"poll_s": 0.1, "timeout_min": 10}}
+    settings = S.Settings(executor=executor, tasks=2, shard_rows=64, query_rows=64, work_dir=str(tmp_path / "w"))
+    monkeypatch.setenv("FAKE_SLURM_FAIL", "search_cells:1")
+    with pytest.raises(TasksFailed, match=r"search: cells: 1 of 2 tasks did not finish \(ranks 1\)"):
+        S.knn(x, x, 10, settings)
+    assert list((tmp_path / "w").glob("*/cells/*.npz")) and not list((tmp_path / "w").glob("*/merged/*"))
+    monkeypatch.delenv("FAKE_SLURM_FAIL")
+    D, I, _ = S.knn(x, x, 10, settings)
+    runs = [json.loads(line) for line in (tmp_path / "slurm" / "jobs.jsonl").read_text().splitlines()]
+    steps = [(j["name"], j["array"], j["state"]) for j in runs if not j["merge_stats"]]
+    assert steps == [("search_cells", 2, "FAILED"), ("search_merge", 2, "CANCELLED"),
+                     ("search_cells", 1, "COMPLETED"), ("search_merge", 2, "COMPLETED")]   # rank 1 alone again
+    index = faiss.IndexFlatIP(32)
+    index.add(x)
+    D0, I0 = index.search(x, 10)
+    assert np.array_equal(I, I0) and np.array_equal(D.view(np.uint32), D0.view(np.uint32))

@@ -9,15 +9,17 @@ FAISS's flat search make the cells what they are (measured on FAISS 1.15.1; docs
     `distance_compute_blas_threshold` (128,000), else pair by pair.  With BLAS, in tiles of
     `distance_compute_blas_query_bs` (4,096) query rows by `distance_compute_blas_database_bs` (1,024)
     database rows, and one pair's score depends on where it sits in its tile and on the BLAS thread count
-    (shards cut at multiples of 1,000 rows changed the last bits of ~3% of the scores).  So a shard starts at a
-    multiple of the database tile, a query block at a multiple of the query tile of its native call, every
-    cell makes the native call's BLAS-or-pairs choice and runs with the submitting process's FAISS thread count
-    (`Geometry`, set in each task by `faiss_as`): every score is computed by the very sgemm the one index runs.
+    (docs/scale.md: shards cut every 1,000 rows changed the bits of 4.4% of the scores on real me5 vectors, one
+    thread instead of two 4.7%).  So a shard starts at a multiple of the database tile, a query block at a
+    multiple of the query tile of its native call, every cell makes the native call's BLAS-or-pairs choice and
+    runs with the submitting process's FAISS thread count (`Geometry`, set in each task by `faiss_as`): every
+    score is computed by the very sgemm the one index runs.
   * A call with fewer queries than threads scores database slices per thread: such a call is one cell over
     the whole database (a handful of queries needs no sharding).
   * Within a list FAISS orders equal scores by descending id, and the merge orders by (score desc, id desc).
     Which of several equal scores at the k-th place one index keeps is an artefact of its heap (k < 100) or
-    reservoir (k >= 100), which depends on every score of the row in id order.  So a cell returns k + 1 per
+    reservoir (k >= 100), which depends on every score of the row in id order (so faiss.ResultHeap and
+    IndexShards, merging per-shard lists, keep other ids there: docs/scale.md).  So a cell returns k + 1 per
     query, and a query whose k-th score ties one left out of the list is done again: its full score row (the
     same tiles) goes, in id order, through FAISS's own selection (`faiss_select`), which keeps what one index
     keeps.
