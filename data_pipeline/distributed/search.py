@@ -328,29 +328,26 @@ def merge_knn(parts: list[dict], k: int) -> tuple[np.ndarray, np.ndarray, np.nda
 
 
 def full_rows(plan: Plan, b: int, xq: np.ndarray, database: np.ndarray, rows: np.ndarray) -> np.ndarray:
-    """The full score rows (every database row, in id order) of block b's queries `rows`, each score from the
-    sgemm one index computes it in: the query tile holding the row (the whole block when that tile has fewer
-    rows than threads, which FAISS would score by database slices) against each database tile of each shard,
-    every pair kept (a range search below every score)."""
+    """The full score rows (every database row, in id order) of block b's queries `rows`, all in one query tile,
+    each score from the sgemm one index computes it in: that tile (the whole block when the tile has fewer rows
+    than threads, which FAISS would score by database slices) against each database tile of each shard, every
+    pair kept (a range search below every score)."""
     out = np.empty((len(rows), plan.n_database), np.float32)
     g, blas = plan.g, plan.g.blas(plan.call_rows(b), plan.dim)
-    xq = np.ascontiguousarray(xq, np.float32)
-    tile_of = rows // g.tile
-    for t in np.unique(tile_of).tolist():
-        a, z = t * g.tile, min((t + 1) * g.tile, len(xq))
-        if z - a < g.threads:
-            a, z = 0, len(xq)
-        mine = np.flatnonzero(tile_of == t)
-        for s0, s1 in plan.shards:
-            for j0 in range(s0, s1, g.block):
-                j1 = min(j0 + g.block, s1)
-                with faiss_as(g, blas):
-                    index = faiss.IndexFlatIP(plan.dim)
-                    index.add(np.ascontiguousarray(database[j0:j1], np.float32))
-                    lims, D, I = index.range_search(xq[a:z], NEUTRAL)
-                for n in mine.tolist():
-                    r = int(rows[n]) - a
-                    out[n, j0 + I[lims[r]:lims[r + 1]]] = D[lims[r]:lims[r + 1]]
+    a = int(rows[0]) // g.tile * g.tile
+    z = min(a + g.tile, len(xq))
+    if z - a < g.threads:
+        a, z = 0, len(xq)
+    xt = np.ascontiguousarray(xq[a:z], np.float32)
+    for s0, s1 in plan.shards:
+        for j0 in range(s0, s1, g.block):
+            j1 = min(j0 + g.block, s1)
+            with faiss_as(g, blas):
+                index = faiss.IndexFlatIP(plan.dim)
+                index.add(np.ascontiguousarray(database[j0:j1], np.float32))
+                lims, D, I = index.range_search(xt, NEUTRAL)
+            for n, r in enumerate((rows - a).tolist()):
+                out[n, j0 + I[lims[r]:lims[r + 1]]] = D[lims[r]:lims[r + 1]]
     return out
 
 
@@ -358,7 +355,8 @@ def merge_block(plan: Plan, b: int, parts: list[dict], xq: np.ndarray | None = N
                 database: np.ndarray | None = None) -> dict:
     """Block b's result from its cells, in cell order (shard after shard): knn {scores, ids, ties}, range
     {lims, scores, ids}.  A knn query with a tie at the k-th place is settled by `faiss_select` over its full
-    score row (`xq`, `database`: the block's queries and the database, needed only then)."""
+    score row (`xq`, `database`: the block's queries and the database, needed only then), one query tile's
+    tied rows at a time (a row is the database's size)."""
     if plan.mode == "range":
         return merge_range(parts)
     if len(parts) == 1 and plan.whole(b):
@@ -366,9 +364,11 @@ def merge_block(plan: Plan, b: int, parts: list[dict], xq: np.ndarray | None = N
     S, J, tied = merge_knn(parts, plan.k)
     rows = np.flatnonzero(tied)
     if len(rows) and plan.exact and plan.exact_ties:
-        full = full_rows(plan, b, xq, database, rows)
-        for n, r in enumerate(rows.tolist()):
-            S[r], J[r] = faiss_select(full[n], plan.k)
+        tile_of = rows // plan.g.tile
+        for t in np.unique(tile_of).tolist():
+            mine = rows[tile_of == t]
+            for r, full in zip(mine.tolist(), full_rows(plan, b, xq, database, mine)):
+                S[r], J[r] = faiss_select(full, plan.k)
     return {"scores": S, "ids": J, "ties": len(rows)}
 
 
