@@ -138,9 +138,14 @@ def measure(engine: str, store: Path, out: Path, cache: Path, mem_cap_gb: float,
 
     t0 = time.perf_counter()
     step = max(0, nice - os.nice(0))   # `nice -n` adds to this process's niceness: the stage runs at `nice`
-    proc = subprocess.Popen(["nice", "-n", str(step), sys.executable, "-m", "bench.scaleout_bench", "--stage", engine,
-                             str(store), str(out), str(cache)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    # its output to files, not pipes: nothing reads a pipe until the end, and datatrove's logs fill one (64 KB)
+    # and block the tasks writing to it
+    log = Path(cache) / f"{engine}_{store.stem}"
+    log.parent.mkdir(parents=True, exist_ok=True)
+    with open(f"{log}.out", "w") as out_fh, open(f"{log}.err", "w") as err_fh:
+        proc = subprocess.Popen(["nice", "-n", str(step), sys.executable, "-m", "bench.scaleout_bench", "--stage",
+                                 engine, str(store), str(out), str(cache)], stdout=out_fh, stderr=err_fh,
+                                text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
     root = psutil.Process(proc.pid)
     peak_rss = peak_pss = 0.0
     capped = False
@@ -167,8 +172,9 @@ def measure(engine: str, store: Path, out: Path, cache: Path, mem_cap_gb: float,
                 p.kill()
             break
         time.sleep(0.2)
-    stdout, stderr = proc.communicate()
+    proc.wait()
     wall = time.perf_counter() - t0
+    stdout, stderr = (Path(f"{log}.{x}").read_text(encoding="utf-8", errors="replace") for x in ("out", "err"))
     row = {"engine": engine, "wall_s": round(wall, 1), "tree_peak_rss_mb": round(peak_rss / 2**20, 1),
            "tree_peak_pss_mb": round(peak_pss / 2**20, 1)}
     if capped:
