@@ -250,10 +250,11 @@ def equal_on_real_sets(work: Path) -> dict:
                 f"++input={src}", f"++out={folder}", "dedup.stages=[exact,minhash]", *filters, "force=true",
                 f"dedup.engine={engine}", f"dedup.tasks={tasks}", f"cache_root={work / 'cache'}"]))
             row[engine] = {"seconds": round(time.perf_counter() - t0, 1), "texts_in": stats["texts_in"],
+                           **({"tasks": stats["engine"]["tasks"]} if engine == "datatrove" else {}),
                            **{f"after_{s}": v["out"] for s, v in stats["stages"].items()},
                            **{f"{s}_clusters": v["clusters"] for s, v in stats["stages"].items()},
                            **{f: file_digest(folder / f) for f in ("kept.jsonl", "clusters.jsonl")}}
-        row["datatrove"]["tasks"] = tasks
+        row["datatrove"]["tasks_setting"] = tasks
         row["identical"] = all(row["native"][f] == row["datatrove"][f] for f in ("kept.jsonl", "clusters.jsonl"))
         out[name] = row
         print(f"scaleout: {name}: " + json.dumps(row), flush=True)
