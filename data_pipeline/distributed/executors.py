@@ -21,6 +21,7 @@ leaves `completions/<rank>` in its step's logging folder and is skipped when the
 """
 from __future__ import annotations
 
+import errno
 import math
 import os
 import shutil
@@ -36,8 +37,12 @@ from datatrove.executor.slurm import SlurmPipelineExecutor
 EXECUTORS = ("local", "slurm", "ray")
 
 
-class TasksFailed(RuntimeError):
-    """Some tasks of a step did not finish; their step's logging folder has their logs."""
+class TasksFailed(OSError):
+    """Some tasks of a step did not finish (a lost node, a time limit, an error in a task): an OSError naming
+    their logs folder, so an app ends in one line that says where to look (care/errors.py)."""
+
+    def __init__(self, message: str, logs: str):
+        super().__init__(errno.EIO, message, logs)
 
 
 def _section(cfg, key: str) -> Mapping:
@@ -125,8 +130,9 @@ def _check_done(executor, name: str) -> None:
     missing = executor.get_incomplete_ranks(skip_completed=True)
     if missing:
         shown = ", ".join(map(str, missing[:10])) + (" ..." if len(missing) > 10 else "")
-        raise TasksFailed(f"{name}: {len(missing)} of {executor.world_size} tasks did not finish (ranks {shown}); "
-                          f"their logs: {executor.logging_dir.path}/logs; the same command re-runs only them")
+        raise TasksFailed(f"{name}: {len(missing)} of {executor.world_size} tasks did not finish (ranks {shown}; "
+                          "their logs in this folder); the same command re-runs only them",
+                          f"{executor.logging_dir.path}/logs")
 
 
 def run_steps(executor_cfg, steps: Sequence[tuple[str, object]]) -> None:
