@@ -226,6 +226,7 @@ def test_embeddings_are_cached_by_encoder_and_text(tiny_vectors, tmp_path):
 
     class Spy:
         name = enc.name
+        default_heads = enc.default_heads  # what embed() asks when no heads are named
 
         def side_fingerprint(self, side, task=None):
             return enc.side_fingerprint(side, task)

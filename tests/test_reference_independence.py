@@ -24,6 +24,11 @@ INTERFACE = {
     ("_care_helpers.py", 'dtype=torch.promote_types(torch.promote_types(q["dense"].dtype,p["dense"].dtype),torch.float32)'):
         "the loss's dtype contract",
     ("_care_helpers.py", 'qv,pv=q["dense"].to(dtype),p["dense"].to(dtype)'): "the loss's dtype contract",
+    # the fourth family written in the tests (#42.3) is an Encoder: these lines are the interface it implements
+    ("_sparse_family.py", "defencode(self,texts,side,batch_size,heads,show_progress)->Embeddings:"):
+        "Encoder.encode's signature",
+    ("_sparse_family.py", 'return{"query":self.model,"document":self.model}'): "Encoder.networks of one backbone",
+    ("_sparse_family.py", "returnsum(p.numel()forpinself.model.parameters())"): "online parameters of one backbone",
 }
 
 

@@ -139,7 +139,7 @@ def test_a_relaunch_keeps_finished_cells(vectors, tmp_path):
     plan = S.make_plan("knn", 420, 420, 384, k=k, shard_rows=96, query_rows=128, threads=G.threads,
                        self_search=True)
     job = S.Job.create(tmp_path / "work", plan, vectors, vectors)
-    list(SearchCells(str(job.folder)).run(None, rank=0, world_size=2))
+    list(SearchCells(str(job.folder), S.Job).run(None, rank=0, world_size=2))
     done = {p: p.stat().st_mtime_ns for p in (job.folder / "cells").iterdir()}
     assert len(done) == (len(plan.cells()) + 1) // 2
     again = S.Job.create(tmp_path / "work", plan, vectors, vectors)

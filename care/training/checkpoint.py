@@ -80,8 +80,10 @@ class AlreadyFinished(ResumeError):
         self.summary = summary
 
 
-def _hashed(cfg: DictConfig, digest=weights_digest) -> dict:
-    """What config_hash hashes; `digest`: how a starting-weights folder is digested."""
+def _hashed(cfg: DictConfig, digest=None) -> dict:
+    """What config_hash hashes; `digest`: how a starting-weights folder is digested (None: weights_digest,
+    looked up when called, not bound when this module was imported)."""
+    digest = digest or weights_digest
     c = recipe(OmegaConf.to_container(cfg, resolve=True), ignore=())
     c["data_digest"] = [file_digest(cfg.data.texts), file_digest(cfg.data.examples)]
     paths = [tower["path"] for tower in tower_configs(cfg.model)]
@@ -89,7 +91,7 @@ def _hashed(cfg: DictConfig, digest=weights_digest) -> dict:
     return c
 
 
-def config_hash(cfg: DictConfig, digest=weights_digest) -> str:
+def config_hash(cfg: DictConfig, digest=None) -> str:
     """What determines the trained weights: the config's recipe with its seed (care.config.recipe: without the
     run settings a run may resume with other values of, newer keys at their neutral value left out, prompts
     under their older keys), plus the content of the training files and the starting weights (not their paths,

@@ -17,6 +17,7 @@ from __future__ import annotations
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 from omegaconf import DictConfig, OmegaConf
@@ -213,7 +214,9 @@ def _dedup(cfg: DictConfig, src: Path, fp: str, thresholds: dict | None, filters
     if d.get("engine", "native") == "datatrove":
         from data_pipeline.distributed.dedup_engine import datatrove_dedup
 
-        return datatrove_dedup(cfg, src, fp, thresholds, filters, start)
+        parts = SimpleNamespace(filtered_rows=filtered_rows, cluster_lines=_cluster_lines, largest=_largest,
+                                semantic=_semantic, stats_header=stats_header)
+        return datatrove_dedup(cfg, src, fp, thresholds, filters, start, parts)
     semantic = "semantic" in order
     rows, read_stats = load_rows(src, *filters)
     ids, texts = [r["id"] for r in rows], [r["text"] for r in rows]

@@ -86,11 +86,9 @@ def _line_offsets(path: Path, linenos: np.ndarray) -> np.ndarray:
     return starts[linenos - 1]
 
 
-def prepare_store(work, src: Path, filters, tasks_setting: DictConfig) -> tuple[dict, int]:
-    """Read the input with the native engine's checks and filters; write store/ (offsets, manifest).
-    Returns the read counts and the number of tasks."""
-    from data_pipeline.dedup.stage import filtered_rows
-
+def prepare_store(work, src: Path, filters, tasks_setting: DictConfig, filtered_rows) -> tuple[dict, int]:
+    """Read the input with the native engine's checks and filters (`filtered_rows`: the stage's own reader);
+    write store/ (offsets, manifest).  Returns the read counts and the number of tasks."""
     counts: dict = {}
     linenos = np.fromiter((ln for ln, _ in filtered_rows(src, *filters, counts)), dtype=np.int64)
     n = len(linenos)
@@ -182,7 +180,7 @@ def _lines(store: TextStore, stage: str, pairs: np.ndarray, min_edge: dict | Non
         b0 = b1
 
 
-def datatrove_dedup(cfg: DictConfig, src: Path, fp: str, thresholds: dict | None, filters, start) -> dict:
+def datatrove_dedup(cfg: DictConfig, src: Path, fp: str, thresholds: dict | None, filters, start, parts) -> dict:
     """The stage's work on the datatrove engine (module docstring); returns start.finish's stats."""
     order = list(cfg.dedup.stages)
     if "semantic" in order and order[-1] != "semantic":
@@ -194,19 +192,23 @@ def datatrove_dedup(cfg: DictConfig, src: Path, fp: str, thresholds: dict | None
         if cfg.get("force"):   # a fresh run, nothing resumed
             for entry in [p for p in work_path.iterdir() if p.name not in LOCK_FILES]:
                 shutil.rmtree(entry) if entry.is_dir() else entry.unlink()
-        result = _run(cfg, src, fp, thresholds, filters, start, work_path)
+        result = _run(cfg, src, fp, thresholds, filters, start, work_path, parts)
     if not cfg.dedup.get("keep_work"):
         shutil.rmtree(work_path, ignore_errors=True)
     return result
 
 
-def _run(cfg: DictConfig, src: Path, fp: str, thresholds: dict | None, filters, start, work_path: Path) -> dict:
-    from data_pipeline.dedup.stage import _cluster_lines, _largest, _semantic, stats_header
+def _run(cfg: DictConfig, src: Path, fp: str, thresholds: dict | None, filters, start, work_path: Path,
+         parts) -> dict:
+    # the stage's own parts, handed in by data_pipeline/dedup/stage.py (so this module never imports the stage
+    # back): the same reader, cluster lines, largest clusters, semantic step and stats header as native
+    _cluster_lines, _largest, _semantic, stats_header = (parts.cluster_lines, parts.largest, parts.semantic,
+                                                         parts.stats_header)
 
     d, out, order = cfg.dedup, start.out, list(cfg.dedup.stages)
     t_read = time.perf_counter()
     work, logs = get_datafolder(str(work_path)), work_path / "logs"
-    counts, tasks = prepare_store(work, src, filters, d)
+    counts, tasks = prepare_store(work, src, filters, d, parts.filtered_rows)
     store = TextStore(work)
     n = store.manifest["rows"]
     stats = stats_header(src, out, fp, counts, order)

@@ -123,7 +123,7 @@ def encode_as_tasks(encoder, model: dict, sides: dict[str, list[str]], cache: Em
         from data_pipeline.distributed.executors import make_executor, run_steps
         from data_pipeline.distributed.search_steps import EncodeShards
 
-        step = make_executor(settings.executor, [EncodeShards(str(job.folder))], job.folder / "logs" / f"encode-{tasks}",
+        step = make_executor(settings.executor, [EncodeShards(str(job.folder), EncodeJob)], job.folder / "logs" / f"encode-{tasks}",
                              tasks, "encode_shards")
         run_steps(settings.executor, [("encode: shards", step)])   # raises, naming the tasks that failed
     counts = job.counts()

@@ -526,13 +526,13 @@ def _steps(job: Job, executor_cfg, tasks: int) -> list:
     steps = []
     if not plan.exact:
         n = min(tasks, len(plan.shards))
-        steps.append(("search: shard indexes", make_executor(executor_cfg, [BuildShards(str(job.folder))],
+        steps.append(("search: shard indexes", make_executor(executor_cfg, [BuildShards(str(job.folder), Job)],
                                                               logs / f"shards-{n}", n, "search_shards")))
     n = min(tasks, len(plan.cells()))
-    steps.append(("search: cells", make_executor(executor_cfg, [SearchCells(str(job.folder))],
+    steps.append(("search: cells", make_executor(executor_cfg, [SearchCells(str(job.folder), Job)],
                                                   logs / f"cells-{n}", n, "search_cells")))
     n = min(tasks, len(plan.blocks))
-    steps.append(("search: merge", make_executor(executor_cfg, [MergeBlocks(str(job.folder))],
+    steps.append(("search: merge", make_executor(executor_cfg, [MergeBlocks(str(job.folder), Job)],
                                                   logs / f"merge-{n}", n, "search_merge")))
     return steps
 

@@ -12,11 +12,14 @@ from datatrove.pipeline.base import PipelineStep
 
 
 class _JobStep(PipelineStep):
+    """`job`: the work folder; `job_class`: the class that reads it (search.py's Job, encode_tasks.py's EncodeJob),
+    handed in by the caller and pickled by reference, so this module never imports them back (imports point one
+    way: tests/test_layers.py)."""
     type = "🔎 - SEARCH"
 
-    def __init__(self, job: str):
+    def __init__(self, job: str, job_class):
         super().__init__()
-        self.job = job
+        self.job, self.job_class = job, job_class
 
     def work(self, rank: int, world_size: int) -> None:
         raise NotImplementedError
@@ -33,9 +36,7 @@ class EncodeShards(_JobStep):
     type = "🔢 - ENCODE"
 
     def work(self, rank: int, world_size: int) -> None:
-        from data_pipeline.distributed.encode_tasks import EncodeJob
-
-        done = EncodeJob(self.job).run_task(rank, world_size)
+        done = self.job_class(self.job).run_task(rank, world_size)
         self.stat_update("encoded_shards", value=done["encoded"], unit="task")
         self.stat_update("skipped_shards", value=done["skipped"], unit="task")
 
@@ -44,9 +45,7 @@ class BuildShards(_JobStep):
     name = "shard indexes"
 
     def work(self, rank: int, world_size: int) -> None:
-        from data_pipeline.distributed.search import Job
-
-        job = Job(self.job)
+        job = self.job_class(self.job)
         for s in range(rank, len(job.plan.shards), world_size):
             job.build_shard(s)
             self.stat_update("shards", unit="task")
@@ -56,9 +55,7 @@ class SearchCells(_JobStep):
     name = "search cells"
 
     def work(self, rank: int, world_size: int) -> None:
-        from data_pipeline.distributed.search import Job
-
-        job = Job(self.job)
+        job = self.job_class(self.job)
         for cell in job.plan.cells()[rank::world_size]:
             job.run_cell(cell)
             self.stat_update("cells", unit="task")
@@ -68,9 +65,7 @@ class MergeBlocks(_JobStep):
     name = "merge blocks"
 
     def work(self, rank: int, world_size: int) -> None:
-        from data_pipeline.distributed.search import Job
-
-        job = Job(self.job)
+        job = self.job_class(self.job)
         for b in range(rank, len(job.plan.blocks), world_size):
             job.merge(b)
             self.stat_update("blocks", unit="task")
