@@ -114,30 +114,40 @@ def test_a_care_query_tower_is_onnx_its_document_tower_torch(towers):  # noqa: F
     assert onnx.side_fingerprint("document") == torch_.side_fingerprint("document")  # torch both ways
 
 
-def test_a_large_batch_runs_as_one_thread_slices_with_the_same_vectors(tiny_bert_dir):
-    """With 2 torch threads a batch of at least 2 rows a worker runs as 2 one-thread slices at once, a smaller
-    one whole; every vector equals the whole batch's run by the many-thread session (the reference), texts of
-    different lengths so the slices carry padding."""
+def test_one_session_runs_every_batch_as_one_thread_slices_with_the_same_vectors(tiny_bert_dir, monkeypatch):
+    """With 2 torch threads an fp32 model has ONE ONNX Runtime session, of one intra-op thread (a second,
+    many-thread session held a second copy of the weights: docs/models.md "Memory"); a batch of 2 rows or more
+    runs as 2 slices at once in it, one row alone.  Every vector equals, bit for bit, the whole batch run in
+    one piece by the same session (the reference), and torch's to 1e-5; texts of different lengths, so the
+    slices carry padding."""
     import numpy as np
+    import onnxruntime as ort
     import torch
 
+    made, real = [], ort.InferenceSession
+    monkeypatch.setattr(ort, "InferenceSession", lambda *a, **k: made.append(a[1].intra_op_num_threads) or real(*a, **k))
     threads = torch.get_num_threads()
     torch.set_num_threads(2)
     try:
         enc = build_encoder({"kind": "dense", "path": str(tiny_bert_dir)}, device="cpu")
     finally:
         torch.set_num_threads(threads)
+    assert made == [1]  # one session, one thread
     forward = enc._onnx
-    assert forward.workers == 2 and forward.slice_session is not None
-    slice_runs, run = [], forward.slice_session.run
-    forward.slice_session.run = lambda *a, **k: slice_runs.append(len(a[1]["input_ids"])) or run(*a, **k)
+    assert forward.workers == 2
+    runs, run = [], forward.session.run
+    forward.session.run = lambda *a, **k: runs.append(len(a[1]["input_ids"])) or run(*a, **k)
     texts = [("word " * (1 + i % 7)).strip() + f" {i}" for i in range(11)]
     sliced = enc.encode_documents(texts, batch_size=8).dense
-    assert sorted(slice_runs) == [4, 4]  # the batch of 8 in two slices; the last 3 texts ran whole
-    slice_session, forward.slice_session = forward.slice_session, None
+    assert sorted(runs) == [1, 2, 4, 4]  # the batch of 8 as 4 + 4, the last 3 texts as 1 + 2
+    runs.clear()
+    enc.encode_documents(texts[:1])
+    assert runs == [1]
+    forward.workers = 1  # the reference: each batch whole, in the same session
     whole = enc.encode_documents(texts, batch_size=8).dense
-    forward.slice_session = slice_session
-    np.testing.assert_allclose(sliced, whole, rtol=0, atol=1e-6)
+    np.testing.assert_array_equal(sliced, whole)
+    torch_ = build_encoder({"kind": "dense", "path": str(tiny_bert_dir)}, device="cpu", backend="torch")
+    np.testing.assert_allclose(sliced, torch_.encode_documents(texts, batch_size=8).dense, rtol=0, atol=1e-5)
 
 
 def test_torch_overrides_and_the_rule(tiny_bert_dir, monkeypatch):

@@ -24,12 +24,16 @@ identity (`export_identity`), so the embedding cache keys vectors by the export 
 Two cores run a batch faster as two one-thread halves than as one two-thread whole: ONNX Runtime's
 intra-op threads split each operator and wait for each other at every one of its ~400 nodes, while two
 concurrent one-thread runs never wait (measured on the evaluation's documents, 2 cores: 2,240 tokens/s one run
-at 2 threads, 2 x 1,450 at 1 thread, 1.3x; docs/results.md "Where make run's time goes").  So an fp32 batch
-of at least 2 rows a worker is cut into `workers` (torch's thread count) row slices run at once, each by a
-one-thread session in its own Python thread (onnxruntime releases the GIL in `run`); a smaller batch (a
-query's latency) runs whole in the many-thread session.  A row's vector does not depend on the slice it is
-in: every slice keeps the batch's padded length, and a row's arithmetic is the same whichever rows run beside
-it (tests/test_inference_backend.py).  int8 is never sliced: its activation scale is one per batch.
+at 2 threads, 2 x 1,450 at 1 thread, 1.3x; docs/results.md "Where make run's time goes").  So an fp32 model
+has ONE session, with one intra-op thread, and a batch of 2 rows or more is cut into up to `workers` (torch's
+thread count) row slices run at once in it, each from its own Python thread (a session's `run` is
+thread-safe and releases the GIL); one row runs alone, on one thread, which at batch 1 is also the faster
+(docs/care.md, "Query latency").  One session, not a many-thread one beside a one-thread one: the second
+held its own copy of the weights, +440 MB peak RSS on me5_small for nothing the first could not do
+(docs/models.md, "Memory").  A row's vector does not depend on the slice it is in: every slice keeps the
+batch's padded length, and a row's arithmetic is the same whichever rows run beside it and however many
+threads run it (tests/test_inference_backend.py).  int8 is never sliced (its activation scale is one per
+batch): its session has torch's thread count.
 
 `resolve_backend` turns the inference backend setting `auto` into one backend, in one place
 (care/encoders/registry.py build_encoder calls it for every model config built for inference).
@@ -178,7 +182,8 @@ class OnnxForward:
     """`model(**batch).last_hidden_state` of a Hugging Face encoder, by ONNX Runtime: the model is exported
     (torch.onnx, the TorchScript exporter, dynamic batch and sequence axes), optionally quantised to int8
     (onnxruntime.quantization.quantize_dynamic, per-channel weights), and loaded into a session with as many
-    intra-op threads as torch uses when it is built.  `weights` (the folder's weights_digest): the export is
+    intra-op threads as torch uses when it is built (int8), or one and the batch cut into that many slices
+    run at once (fp32, module docstring).  `weights` (the folder's weights_digest): the export is
     cached under the cache root (module docstring); None: exported to a temporary folder, removed once loaded
     (a session holds its graph in memory)."""
 
@@ -187,8 +192,9 @@ class OnnxForward:
         self.digest = ""  # the export's (export_identity), set once it is verified or made
         require_onnx(what)  # before any export: one line saying how to install it
         self.names = list(example)
-        # int8 batches are never sliced (module docstring): one thread a slice, the threads torch has
+        # int8 batches are never sliced (module docstring): one thread a slice, as many slices as torch has threads
         self.workers = 1 if int8 else max(1, torch.get_num_threads())
+        self.threads = torch.get_num_threads() if int8 else 1  # the session's intra-op threads
         if weights is None:
             with tempfile.TemporaryDirectory() as tmp:
                 self.digest = self._build(model, example, int8, Path(tmp))
@@ -198,19 +204,14 @@ class OnnxForward:
         self._load(self.path)
 
     def _load(self, path: Path) -> None:
-        """The many-thread session (a small batch, a query's latency) and, with more than one worker, the
-        one-thread session every slice of a large batch runs in, both read from `path` now (a temporary
-        export is removed once loaded)."""
+        """The one session every batch and slice runs in, read from `path` now (a temporary export is removed
+        once loaded)."""
         import onnxruntime as ort
 
-        def session(threads: int):
-            options = ort.SessionOptions()
-            options.intra_op_num_threads = threads
-            options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-            return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
-
-        self.session = session(torch.get_num_threads())
-        self.slice_session = session(1) if self.workers > 1 else None
+        options = ort.SessionOptions()
+        options.intra_op_num_threads = self.threads
+        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+        self.session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
         self._pool = None
 
     def cached(self, model: torch.nn.Module, example: dict[str, torch.Tensor], int8: bool, weights: str) -> Path:
@@ -284,14 +285,14 @@ class OnnxForward:
 
     def __call__(self, **batch: torch.Tensor) -> torch.Tensor:
         feed = {n: batch[n].cpu().numpy() for n in self.names}
-        rows = len(feed[self.names[0]])
-        if self.slice_session is None or rows < 2 * self.workers:
+        cuts = min(self.workers, len(feed[self.names[0]]))
+        if cuts < 2:
             return torch.from_numpy(self.session.run(None, feed)[0])
         from concurrent.futures import ThreadPoolExecutor
 
         if self._pool is None:
             self._pool = ThreadPoolExecutor(self.workers, thread_name_prefix="onnx-slice")
-        bounds = np.linspace(0, rows, self.workers + 1).astype(int)
+        bounds = np.linspace(0, len(feed[self.names[0]]), cuts + 1).astype(int)
         slices = [{n: v[a:b] for n, v in feed.items()} for a, b in itertools.pairwise(bounds)]
-        parts = self._pool.map(lambda f: self.slice_session.run(None, f)[0], slices)
+        parts = self._pool.map(lambda f: self.session.run(None, f)[0], slices)
         return torch.from_numpy(np.concatenate(list(parts)))
