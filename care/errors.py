@@ -158,38 +158,3 @@ def app_errors(app: str, cfg: Mapping | None = None, *, writes_to: str | Path | 
             raise
         print(f"{app}: error{' ' + where if where else ''}: {message}", file=sys.stderr, flush=True)
         sys.exit(status)
-
-
-class RunFolderCheck:
-    """A Hydra callback (conf/hydra/default.yaml `callbacks`): Hydra makes its run (or sweep) folder under
-    out_root before the app's body, and so before `app_errors`, runs; a read-only, missing or file-blocked
-    out_root would end in Hydra's OSError traceback.  Checked first: the folder holding Hydra's timestamped
-    folders is made (as Hydra would) and a probe folder created and removed in it (root ignores permission
-    bits, not a read-only mount); an OSError ends the app in one line naming the folder, exit status 1."""
-
-    def on_run_start(self, config, **kwargs) -> None:
-        self._check(config, "run")
-
-    def on_multirun_start(self, config, **kwargs) -> None:
-        self._check(config, "sweep")
-
-    def _check(self, config, mode: str) -> None:
-        import tempfile
-
-        from hydra.core.hydra_config import HydraConfig
-
-        HydraConfig.instance().set_config(config)  # `${hydra:job.name}` in the folder resolves (run_job does too)
-        folder = Path(str(config.hydra[mode].dir)).parent  # the timestamped folder's parent: made once
-        try:
-            folder.mkdir(parents=True, exist_ok=True)
-            os.rmdir(tempfile.mkdtemp(prefix=".write-check.", dir=folder))
-        except OSError as e:
-            if wants_traceback(config):
-                raise
-            script = Path(sys.argv[0])
-            app = f"python -m {script.parent.name}" if script.name == "__main__.py" else script.name
-            where = config.get("out_root", folder)
-            print(f"{app}: error: cannot write Hydra's {mode} folder under out_root={where}: "
-                  f"{describe(e) or _first_line(e)}; choose a writable out_root= (or CARE_OUTPUTS)",
-                  file=sys.stderr, flush=True)
-            sys.exit(1)

@@ -225,7 +225,7 @@ def test_importing_the_project_keeps_onnxruntime_out_of_home(tmp_path, user_valu
                                            ("-m data_pipeline", "run")])
 def test_an_out_root_that_cannot_be_written_is_one_line(tmp_path, app, mode):
     """Hydra makes its run / sweep folder under out_root before the app's error edge: an out_root below a file
-    (ENOTDIR; a read-only mount, EROFS, takes the same path: care.errors.RunFolderCheck) ends in one line
+    (ENOTDIR; a read-only mount, EROFS, takes the same path: care.hydra_callbacks.RunFolderCheck) ends in one line
     naming the folder, exit status 1, no traceback, nothing written."""
     blocker = tmp_path / "a-file"
     blocker.write_text("mine", encoding="utf-8")
