@@ -174,3 +174,44 @@ def test_slurm_stand_in_failure_then_relaunch(tmp_path, monkeypatch):
     index.add(x)
     D0, I0 = index.search(x, 10)
     assert np.array_equal(I, I0) and np.array_equal(D.view(np.uint32), D0.view(np.uint32))
+
+
+# ---- the local pool -------------------------------------------------------------------------------------
+
+@pytest.mark.slow
+def test_local_pool_never_forks_a_process_with_thread_pools(tmp_path):
+    """Asked for `local.start_method=fork` after FAISS ran on two threads here, a forked worker inherits the
+    OpenMP pool in a state that hangs it (a 1-second search never ended); the sharded engine starts its pool
+    by forkserver (search.pool_safe), so the search finishes, equal to one index."""
+    import subprocess
+    import sys
+    import textwrap
+
+    from care.paths import PROJECT_ROOT
+
+    script = tmp_path / "run.py"
+    script.write_text(textwrap.dedent("""
+        import tempfile
+        import faiss
+        import numpy as np
+        from data_pipeline.distributed import search as S
+
+        def main():
+            x = np.random.default_rng(0).standard_normal((3000, 384)).astype(np.float32)
+            faiss.omp_set_num_threads(2)
+            index = faiss.IndexFlatIP(384)
+            index.add(x)
+            D0, I0 = index.search(x, 10)
+            executor = {"executor": "local", "workers": 2, "local": {"start_method": "fork"}}
+            settings = S.Settings(executor=executor, tasks=2, shard_rows=1024, threads=2,
+                                  work_dir=tempfile.mkdtemp())
+            D, I, info = S.knn(x, x, 10, settings)
+            assert info["cells"] == 3 and np.array_equal(I, I0) and np.array_equal(D, D0)
+            print("equal")
+
+        if __name__ == "__main__":
+            main()
+        """), encoding="utf-8")
+    proc = subprocess.run([sys.executable, str(script)], check=False, capture_output=True, text=True, timeout=240,
+                          cwd=PROJECT_ROOT)
+    assert proc.returncode == 0 and "equal" in proc.stdout, proc.stderr[-2000:]

@@ -121,11 +121,13 @@ def encode_as_tasks(encoder, model: dict, sides: dict[str, list[str]], cache: Em
             job.run_task(rank, tasks)
     else:
         from data_pipeline.distributed.executors import make_executor, run_steps
+        from data_pipeline.distributed.search import pool_safe
         from data_pipeline.distributed.search_steps import EncodeShards
 
-        step = make_executor(settings.executor, [EncodeShards(str(job.folder), EncodeJob)], job.folder / "logs" / f"encode-{tasks}",
-                             tasks, "encode_shards")
-        run_steps(settings.executor, [("encode: shards", step)])   # raises, naming the tasks that failed
+        executor = pool_safe(settings.executor)   # the encoder's thread pools: never fork this process
+        step = make_executor(executor, [EncodeShards(str(job.folder), EncodeJob)],
+                             job.folder / "logs" / f"encode-{tasks}", tasks, "encode_shards")
+        run_steps(executor, [("encode: shards", step)])   # raises, naming the tasks that failed
     counts = job.counts()
     shutil.rmtree(job.folder, ignore_errors=True)
     return {"shards": n, "tasks": tasks, **counts, "seconds": round(time.perf_counter() - t0, 3)}

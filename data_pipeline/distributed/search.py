@@ -516,6 +516,23 @@ def run_inline(job: Job, show_progress: bool = False) -> None:
         job.merge(b)
 
 
+def pool_safe(executor):
+    """The executor section with a local pool started by forkserver whatever `local.start_method` says: a worker
+    forked from a process whose FAISS (OpenMP) or ONNX Runtime thread pools have run inherits them in a state
+    that hangs it (seen: cells spinning for 26 minutes after the parent's tie pass; a 0.9-second search never
+    ending).  forkserver, like spawn, imports the main module again in the pool: a script without a main guard
+    hangs there (`python -m data_pipeline` has one)."""
+    from omegaconf import DictConfig, OmegaConf
+
+    from data_pipeline.distributed.executors import executor_kind
+
+    if executor is None or executor_kind(executor) != "local":
+        return executor
+    out = OmegaConf.to_container(executor, resolve=True) if isinstance(executor, DictConfig) else dict(executor)
+    out["local"] = {**(out.get("local") or {}), "start_method": "forkserver"}
+    return out
+
+
 def _steps(job: Job, executor_cfg, tasks: int) -> list:
     """The job's datatrove steps (search_steps.py) on the configured executor: shard indexes (approximate
     only), cells, merges, each as up to `tasks` tasks."""
@@ -576,7 +593,8 @@ def _run(kind: str, queries: np.ndarray, database: np.ndarray, settings: Setting
     else:
         from data_pipeline.distributed.executors import run_steps
 
-        run_steps(settings.executor, _steps(job, settings.executor, settings.tasks))   # raises on a failed task
+        executor = pool_safe(settings.executor)
+        run_steps(executor, _steps(job, executor, settings.tasks))   # raises on a failed task
     info = {"engine": "sharded", "index": plan.index.get("kind", "flat"), "cells": len(plan.cells()),
             "query_blocks": len(plan.blocks), "shards": len(plan.shards), "threads": plan.g.threads,
             "tasks": settings.tasks if settings.executor is not None else 1,
