@@ -271,7 +271,7 @@ CLAIM_NOTE ?=
 claim_sfx = $(if $(filter 42,$(1)),,-s$(1))
 CARE_CLAIM := $(OUT_ROOT)/care_claim
 # Gain rows (care.evaluation.compare --a / --b): a row's exact name picks its whole seed group (h's tower folders
-# carry no training record, so each h seed is a group of its own: the gains over h are over seed 42's).
+# carry no training record: compare groups their rows by the name's -s<seed>).
 claim_row = $(if $(filter me5_small me5_small_cut4,$(1)),$(1),care_claim/$(1))
 CLAIM_GAINS := $(foreach p,d60-stage2-s42:me5_small_cut4 d60-stage2-s42:g-cut4-ft-s42 d60-stage2-s42:h-stage1tower-s42 \
 	d60-stage2-s42:me5_small d60-stage2-s42:e-symmetric d60-stage2-s42:d20-stage2-s42 d20-stage2-s42:g-cut4-ft-s42 \

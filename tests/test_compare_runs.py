@@ -179,3 +179,19 @@ def test_a_baseline_is_picked_by_its_exact_name_before_label_words(tmp_path):
                                                       ("model.name=me5_small", "me5_small_cut4")]
     with pytest.raises(ValueError, match="matches 2 groups"):  # a label word alone still has to be unique
         compare([run], [("ft-cut", "name=me5_small")])
+
+
+def test_record_less_rows_named_by_seed_are_one_group_of_their_seeds(tmp_path):
+    """make care-claim's (h) rows are tower folders with no training record, linked as `h-...-s<seed>`: their
+    seeds form one group (mean ± sd, a gain pooled over them), and a record-less row without the suffix stays
+    its own group."""
+    rng = np.random.default_rng(2)
+    run, truth = _run(tmp_path, "eval", {"h-tower-s42": (None, 0.0), "h-tower-s1": (None, 0.05),
+                                         "me5_small": (None, -0.1)}, rng)
+    result = compare([run], [("h-tower", "me5_small")])
+    found = {g["label"]: g for g in result["groups"]}
+    assert sorted(found) == ["h-tower", "me5_small"]
+    assert found["h-tower"]["seeds"] == ["1", "42"] and found["h-tower"]["runs"] == 2
+    pooled = {q: (truth["h-tower-s42"][q] + truth["h-tower-s1"][q]) / 2 for q in QUERIES}
+    expected = gain_interval({"per_query": pooled}, {"per_query": truth["me5_small"]})
+    assert result["gains"][0]["intervals"]["nano/kuake_qtr"] == pytest.approx(expected)

@@ -3,7 +3,9 @@
 Each RUN is an evaluate.py output folder (summary.json and the per-task JSON).  Every model row is put in
 a group: a trained model by its recipe, the training config its folder records (care_training.json)
 without the seed and the run settings (care.config.recipe; wandb groups training runs by the same key), so
-the seeds of one recipe form one group; a model with no training record (a baseline) is its own group.
+the seeds of one recipe form one group; a model with no training record (a baseline) is its own group,
+unless its row name ends in `-s<seed>` (SEED_NAME: how `make care-claim` names the links of a tower folder that
+carries no record, `care_claim/h-stage1tower-s42`, `-s1`, ...): such rows of one stem are one group, its seeds.
 The table shows, per group and table cell, the mean and standard deviation over its runs (seeds).  Each
 pair of groups (`--a`, `--b`: a group's number in the table, a word of its label or one of its models' names;
 repeat both for more rows, paired in order, so one table holds an ablation's every gain; default the first two
@@ -18,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -32,6 +35,8 @@ from care.errors import app_errors
 from care.evaluation.run_folder import folder_of
 from care.evaluation.significance import cell_items, gain_interval
 from care.paths import outputs_dir
+
+SEED_NAME = re.compile(r"^(?P<stem>.+)-s(?P<seed>\d+)$")  # a row name's training seed (make care-claim's links)
 
 
 def _flat(d: dict, prefix: str = "") -> dict[str, str]:
@@ -74,13 +79,16 @@ def load_rows(runs: Sequence[str | Path]) -> list[dict]:
         try:
             for m in s["models"]:
                 config, digest = _training_config(m, run)
-                if not config:
-                    group = f"model:{m['name']}"
-                else:  # its recipe, and the training data by content when the record names its digest
+                seed, label = (config or {}).get("seed"), m["label"]
+                if config:  # its recipe, and the training data by content when the record names its digest
                     group = recipe_group({**config, "training_data": digest} if digest else config)
-                rows.append({"run": str(run), "name": m["name"], "folder": folder_of(m), "label": m["label"], "scores": m["scores"],
-                             "config": config, "seed": config.get("seed") if config else None,
-                             "group": group, "columns": s["columns"]})
+                elif named := SEED_NAME.match(m["name"]):  # record-less seeds of one row: one group by the stem
+                    group, seed, label = f"model:{named['stem']}", int(named["seed"]), named["stem"]
+                else:
+                    group = f"model:{m['name']}"
+                rows.append({"run": str(run), "name": m["name"], "folder": folder_of(m), "label": label,
+                             "scores": m["scores"], "config": config, "seed": seed, "group": group,
+                             "columns": s["columns"]})
         except (KeyError, TypeError, AttributeError) as e:
             raise DataError(summary, None, str(e).strip("'") if isinstance(e, KeyError) else None,
                             f"not an evaluate.py summary ({type(e).__name__}: {e})") from None

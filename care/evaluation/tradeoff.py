@@ -20,7 +20,6 @@ with the target box of --target-avg / --target-latency) and prints the Markdown 
 from __future__ import annotations
 
 import argparse
-import re
 import statistics
 from datetime import datetime, timezone
 from pathlib import Path
@@ -28,9 +27,9 @@ from pathlib import Path
 from care.data.io import atomic_open, read_json, save_figure, write_json
 from care.data.numbers import fmt_number
 from care.errors import app_errors
+from care.evaluation.compare import SEED_NAME
 
 P50, P95 = "query_latency_ms_p50", "query_latency_ms_p95"
-SEED = re.compile(r"^(?P<stem>.+)-s(?P<seed>\d+)$")  # a row name's training seed (make care-claim's links)
 
 
 def _pct(value: float | None, reference: float | None) -> float | None:
@@ -93,7 +92,7 @@ def seed_groups(rows: list[dict]) -> list[dict]:
     """Rows of one run named `<stem>-s<seed>` grouped by stem: mean and sd over the seeds, per cell."""
     found: dict[tuple, list[dict]] = {}
     for r in rows:
-        if m := SEED.match(r["model"]):
+        if m := SEED_NAME.match(r["model"]):
             found.setdefault((r["run"], m["stem"]), []).append({**r, "seed": int(m["seed"])})
     groups = []
     for (run, stem), members in found.items():
@@ -150,7 +149,7 @@ def plot(path: Path, rows: list[dict], target_avg: float, target_latency: float,
     fig, ax = plt.subplots(figsize=(7, 4.8))
     points = [r for r in rows if r["avg_pct"] is not None and r["latency_pct"] is not None]
     seeded = {(g["run"], g["model"]) for g in groups}
-    alone = [r for r in points if not ((m := SEED.match(r["model"])) and (r["run"], m["stem"]) in seeded)]
+    alone = [r for r in points if not ((m := SEED_NAME.match(r["model"])) and (r["run"], m["stem"]) in seeded)]
     ax.scatter([r["latency_pct"] for r in points if r not in alone], [r["avg_pct"] for r in points if r not in alone],
                s=8, color="grey", alpha=0.5, label="one seed of a seed group")
     ax.scatter([r["latency_pct"] for r in alone], [r["avg_pct"] for r in alone], color="C0")
