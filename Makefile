@@ -267,6 +267,8 @@ care-stage2: care-experiment
 # gains with paired intervals (care.evaluation.compare -> bench/results/care_me5_gains.md, .json).  Finished runs
 # are skipped; a fresh clone trains about an hour a seed on 2 cores (stage I most of it).
 CLAIM_SEEDS ?= 42 1 2
+# the symmetric 4-layer fine-tune's seeds (g): 2 minutes a seed against CARE's ~50, so they need not wait for CARE's
+CLAIM_SYM_SEEDS ?= $(CLAIM_SEEDS)
 CLAIM_NOTE ?=
 claim_sfx = $(if $(filter 42,$(1)),,-s$(1))
 CARE_CLAIM := $(OUT_ROOT)/care_claim
@@ -274,26 +276,28 @@ CARE_CLAIM := $(OUT_ROOT)/care_claim
 # carry no training record: compare groups their rows by the name's -s<seed>).
 claim_row = $(if $(filter me5_small me5_small_cut4,$(1)),$(1),care_claim/$(1))
 CLAIM_GAINS := $(foreach p,d60-stage2-s42:me5_small_cut4 d60-stage2-s42:g-cut4-ft-s42 d60-stage2-s42:h-stage1tower-s42 \
-	d60-stage2-s42:me5_small d60-stage2-s42:e-symmetric d60-stage2-s42:d20-stage2-s42 d20-stage2-s42:g-cut4-ft-s42 \
-	d20-stage2-s42:h-stage1tower-s42 c-stage1-s42:h-stage1tower-s42 g-cut4-ft-s42:me5_small_cut4,\
+	d60-stage2-s42:me5_small d60-stage2-s42:e-symmetric d60-stage2-s42:d20-stage2-s42 d20-stage2-s42:me5_small_cut4 \
+	d20-stage2-s42:g-cut4-ft-s42 d20-stage2-s42:h-stage1tower-s42 d20-stage2-s42:me5_small d20-stage2-s42:e-symmetric \
+	c-stage1-s42:h-stage1tower-s42 g-cut4-ft-s42:me5_small_cut4 h-stage1tower-s42:g-cut4-ft-s42,\
 	--a $(call claim_row,$(word 1,$(subst :, ,$(p)))) --b $(call claim_row,$(word 2,$(subst :, ,$(p)))))
 care-claim: model
 	$(PY) -m data_pipeline stage=training
 	test -d "$(TRAIN_RUN)/final" || $(PY) train.py
 	$(PY) -m care.tools.build_towers cut "$(CARE_CACHE)/models/multilingual-e5-small-q4" \
 		"$(CARE_CACHE)/models/multilingual-e5-small-4layers-spread" --layers 4 --pick spread
-	$(foreach s,$(CLAIM_SEEDS),test -d "$(RUNS)/cpu_default-me5_small_cut4$(call claim_sfx,$(s))/final" || $(PY) train.py \
+	$(foreach s,$(CLAIM_SYM_SEEDS),test -d "$(RUNS)/cpu_default-me5_small_cut4$(call claim_sfx,$(s))/final" || $(PY) train.py \
 		model=me5_small_cut4 seed=$(s) run_name=cpu_default-me5_small_cut4$(call claim_sfx,$(s)) || exit 1;$(newline))
 	$(foreach s,$(CLAIM_SEEDS),$(PY) train.py model=care_me5 seed=$(s) run_name=care_me5$(call claim_sfx,$(s)) || exit 1;$(newline)\
 		test -d "$(RUNS)/care_me5_s2x60$(call claim_sfx,$(s))/final" || $(PY) train.py model=care_me5 model.stage=stage2 \
 		model.stages.stage2.trainer.max_steps=60 "model.stages.stage2.query_from='$(RUNS)/care_me5$(call claim_sfx,$(s))/stage1/final/query'" \
 		seed=$(s) run_name=care_me5_s2x60$(call claim_sfx,$(s)) || exit 1;$(newline))
 	mkdir -p "$(CARE_CLAIM)"
+	find "$(CARE_CLAIM)" -maxdepth 1 -type l -delete  # an earlier call's links: the rows are this call's seeds
 	ln -sfn ../train/$(TRAIN_NAME)/final "$(CARE_CLAIM)/e-symmetric"
+	$(foreach s,$(CLAIM_SYM_SEEDS),ln -sfn ../train/cpu_default-me5_small_cut4$(call claim_sfx,$(s))/final "$(CARE_CLAIM)/g-cut4-ft-s$(s)";$(newline))
 	$(foreach s,$(CLAIM_SEEDS),ln -sfn ../train/care_me5$(call claim_sfx,$(s))/stage1/final "$(CARE_CLAIM)/c-stage1-s$(s)";$(newline)\
 		ln -sfn ../train/care_me5$(call claim_sfx,$(s))/final "$(CARE_CLAIM)/d20-stage2-s$(s)";$(newline)\
 		ln -sfn ../train/care_me5_s2x60$(call claim_sfx,$(s))/final "$(CARE_CLAIM)/d60-stage2-s$(s)";$(newline)\
-		ln -sfn ../train/cpu_default-me5_small_cut4$(call claim_sfx,$(s))/final "$(CARE_CLAIM)/g-cut4-ft-s$(s)";$(newline)\
 		ln -sfn ../train/care_me5$(call claim_sfx,$(s))/stage1/final/query "$(CARE_CLAIM)/h-stage1tower-s$(s)";$(newline))
 	$(PY) evaluate.py "ckpt='$(CARE_CLAIM)'" model=me5_small 'baselines=[me5_small,care_me5,me5_small_cut4]' run_name=care_claim
 	$(PY) -m care.evaluation.tradeoff "$(EVAL)/care_claim" --keep-reference --out bench/results/care_me5.json \
