@@ -168,7 +168,9 @@ def test_a_baseline_is_picked_by_its_exact_name_before_label_words(tmp_path):
     for name, model in [("ft-big", "me5_small"), ("ft-cut", "me5_small_cut4")]:
         folder = tmp_path / "models" / name
         folder.mkdir(parents=True)
-        config = {"seed": 0, "run_name": name, "trainer": {"lr": 2e-5}, "model": {"name": model}}
+        # the folder, label and build hint differ with the name: the label shows the name alone
+        config = {"seed": 0, "run_name": name, "trainer": {"lr": 2e-5},
+                  "model": {"name": model, "path": f"/m/{model}", "label": model.upper(), "build_hint": f"build {model}"}}
         (folder / "care_training.json").write_text(json.dumps({"config": config}), encoding="utf-8")
         trained[name] = (folder, 0.0)
     run, _ = _run(tmp_path, "eval", {**trained, "me5_small": (None, 0.0), "me5_small_cut4": (None, 0.0)}, rng)

@@ -37,6 +37,7 @@ from care.evaluation.significance import cell_items, gain_interval
 from care.paths import outputs_dir
 
 SEED_NAME = re.compile(r"^(?P<stem>.+)-s(?P<seed>\d+)$")  # a row name's training seed (make care-claim's links)
+NAMED_BY_MODEL_NAME = ("model.path", "model.label", "model.build_hint")
 
 
 def _flat(d: dict, prefix: str = "") -> dict[str, str]:
@@ -106,6 +107,8 @@ def groups(rows: list[dict]) -> list[dict]:
     trained = {k: _flat(recipe(v[0]["config"])) for k, v in by_key.items() if v[0]["config"] is not None}
     keys = sorted({k for f in trained.values() for k in f})
     differing = [k for k in keys if len({f.get(k) for f in trained.values()}) > 1]
+    if "model.name" in differing:  # the model's name says which model: its folder, label and build hint follow
+        differing = [k for k in differing if k not in NAMED_BY_MODEL_NAME]
     out = []
     for key, members in by_key.items():
         if key in trained:

@@ -161,7 +161,7 @@ def plot(path: Path, rows: list[dict], target_avg: float, target_latency: float,
             continue
         x, y = g["latency_pct"], g["avg_pct"]
         ax.errorbar(x["mean"], y["mean"], xerr=x["sd"] or 0, yerr=y["sd"] or 0, fmt="s", color="C1", capsize=2, ms=4)
-        ax.annotate(f"{g['model'].rsplit('/', 1)[-1]} ({g['n']} seeds)", (x["mean"], y["mean"]), fontsize=7,
+        ax.annotate(f"{g['model'].rsplit('/', 1)[-1]} ({g['n']} seed{'s' if g['n'] > 1 else ''})", (x["mean"], y["mean"]), fontsize=7,
                     xytext=(4, -9), textcoords="offset points", color="C1")
     ax.axhline(target_avg, ls="--", lw=0.8, color="grey")
     ax.axvline(target_latency, ls="--", lw=0.8, color="grey")
