@@ -3,6 +3,7 @@ config is its recipe (the settings that change the trained weights, grouped over
 from __future__ import annotations
 
 import copy
+import re
 from collections.abc import Mapping, Sequence
 
 from hydra import compose, initialize_config_dir
@@ -41,6 +42,9 @@ def model_config(name: str, app_config: Mapping | None = None) -> dict:
 # Settings of a training config that do not change the trained weights (where a run writes, how it logs
 # and saves): a run may resume with other values (care/training/checkpoint.py), and runs differing only
 # in these share a recipe.
+# A run's (or an evaluation row's) training seed in its name, `<stem>-s<seed>`: how make care-study names its runs
+# and make care-claim its links; the seeds of one stem are one recipe's (care.training.study, care.evaluation).
+SEED_NAME = re.compile(r"^(?P<stem>.+)-s(?P<seed>\d+)$")
 RUN_SETTINGS = ("trainer.resume", "trainer.resume_unverified", "trainer.max_steps_this_session",
                 "trainer.num_workers", "trainer.log_every",
                 "trainer.checkpoint_every", "trainer.keep_checkpoints", "validation.batch_size", "wandb",

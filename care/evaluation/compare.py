@@ -20,14 +20,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import re
 import time
 from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
 
-from care.config import recipe, recipe_group
+from care.config import SEED_NAME, recipe, recipe_group
 from care.data.io import DataError, atomic_open, read_json, save_figure, write_json
 from care.data.numbers import fmt_gain, fmt_interval
 from care.encoders.registry import TRAINING_RECORD
@@ -36,7 +35,6 @@ from care.evaluation.run_folder import folder_of
 from care.evaluation.significance import cell_items, gain_interval
 from care.paths import outputs_dir
 
-SEED_NAME = re.compile(r"^(?P<stem>.+)-s(?P<seed>\d+)$")  # a row name's training seed (make care-claim's links)
 NAMED_BY_MODEL_NAME = ("model.path", "model.label", "model.build_hint")
 
 

@@ -24,10 +24,10 @@ import statistics
 from datetime import datetime, timezone
 from pathlib import Path
 
+from care.config import SEED_NAME
 from care.data.io import atomic_open, read_json, save_figure, write_json
 from care.data.numbers import fmt_number
 from care.errors import app_errors
-from care.evaluation.compare import SEED_NAME
 
 P50, P95 = "query_latency_ms_p50", "query_latency_ms_p95"
 

@@ -14,16 +14,15 @@ as care.evaluation.compare's) and prints the table.
 from __future__ import annotations
 
 import argparse
-import re
 import statistics
 import time
 from pathlib import Path
 
+from care.config import SEED_NAME
 from care.data.io import atomic_open, read_jsonl, validation_metric, write_json
 from care.errors import app_errors
 from care.paths import outputs_dir
 
-SEED_SUFFIX = re.compile(r"-s(\d+)$")
 ALIGNMENT = ("val/align_cos", "val/align_acc")
 
 
@@ -39,8 +38,8 @@ def run_row(folder: Path, stage: str) -> dict:
     last = validations[-1]
     metric = validation_metric(last)
     aligned = [r for r in rows if ALIGNMENT[0] in r]
-    match = SEED_SUFFIX.search(folder.name)
-    return {"run": folder.name, "arm": SEED_SUFFIX.sub("", folder.name), "seed": int(match.group(1)) if match else None,
+    named = SEED_NAME.match(folder.name)
+    return {"run": folder.name, "arm": named["stem"] if named else folder.name, "seed": int(named["seed"]) if named else None,
             "metric": metric, "value": last[metric], "step": last["step"],
             "start": validations[0][metric] if validations[0]["step"] == 0 else None,
             **{k: aligned[-1][k] for k in ALIGNMENT if aligned},
