@@ -292,7 +292,7 @@ care-claim: model
 		model.stages.stage2.trainer.max_steps=60 "model.stages.stage2.query_from='$(RUNS)/care_me5$(call claim_sfx,$(s))/stage1/final/query'" \
 		seed=$(s) run_name=care_me5_s2x60$(call claim_sfx,$(s)) || exit 1;$(newline))
 	mkdir -p "$(CARE_CLAIM)"
-	find "$(CARE_CLAIM)" -maxdepth 1 -type l -delete  # an earlier call's links: the rows are this call's seeds
+	@find "$(CARE_CLAIM)" -maxdepth 1 -type l -printf "care-claim: removing an earlier call's link %p\n" -delete  # the rows are this call's seeds
 	ln -sfn ../train/$(TRAIN_NAME)/final "$(CARE_CLAIM)/e-symmetric"
 	$(foreach s,$(CLAIM_SYM_SEEDS),ln -sfn ../train/cpu_default-me5_small_cut4$(call claim_sfx,$(s))/final "$(CARE_CLAIM)/g-cut4-ft-s$(s)";$(newline))
 	$(foreach s,$(CLAIM_SEEDS),ln -sfn ../train/care_me5$(call claim_sfx,$(s))/stage1/final "$(CARE_CLAIM)/c-stage1-s$(s)";$(newline)\
