@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import logging
 import sys
 
 import numpy as np
@@ -41,13 +42,17 @@ def test_loss_decreases_on_a_tiny_model(tmp_path, shared):
     assert (tmp_path / "run" / "curves.png").stat().st_size > 0
 
 
-def test_early_stopping_keeps_the_best_weights(tmp_path, shared):
+def test_early_stopping_keeps_the_best_weights(tmp_path, shared, caplog):
     texts, train = make_training_files(tmp_path, shared, n_questions=16)
     dev = tmp_path / "dev.jsonl"
     cfg = train_config(tmp_path, texts, train, "run", "trainer.epochs=5", f"validation.task={dev}",
                        "validation.max_queries=3", "validation.every_steps=1", "validation.patience=2",
                        "validation.min_delta=1.0")  # nothing can improve MAP by 1.0: stop at the 2nd check
-    summary = Trainer(cfg).fit()
+    with caplog.at_level(logging.WARNING, logger="care.training.model_saving"):
+        summary = Trainer(cfg).fit()
+    # a final/ that is the untrained start is said out loud, with the way to keep the last weights
+    said = [r.getMessage() for r in caplog.records if "final/ holds the starting weights" in r.getMessage()]
+    assert len(said) == 1 and "2 trained steps" in said[0] and "validation.task=null" in said[0], said
     assert summary["stop_reason"] == "early_stopping" and summary["step"] == 2 and summary["best_step"] == 0
     rows = list(read_jsonl(dev))  # built from the shared cEpilepsyQA dev split on first use
     assert len(rows) == 490 and all(r["positive"] and r["negative"] for r in rows)

@@ -11,6 +11,7 @@ tuned/ also get a model card (care.export.card).  The functions below take the t
 """
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 import torch
@@ -22,6 +23,8 @@ from care.encoders.st_folder import write_st_files
 from care.export.card import write_model_card
 from care.export.provenance import base_models, data_lineage, portable
 from care.training.checkpoint import ResumeError
+
+log = logging.getLogger(__name__)
 
 
 def frozen_names(model: torch.nn.Module) -> set[str]:
@@ -83,6 +86,8 @@ def save_final(trainer) -> Path:
         best = out / "best"
         use_best = bool(stopper and best.exists())  # the early-stopping choice, not the last weights
         weights = f"best (step {stopper.best_step})" if use_best else "last"
+        if use_best and stopper.best_step == 0 and trainer.step > 0:
+            warn_untrained_final(trainer)
         # With a merge the fine-tuned weights are kept in tuned/ and final/ is the merged model.
         tuned = final if merge_weight is None else out / "tuned"
         with atomic_folder(tuned) as tmp:
@@ -100,3 +105,14 @@ def save_final(trainer) -> Path:
         write_model_card(final, read_record(final))
     acc.wait_for_everyone()
     return final
+
+
+def warn_untrained_final(trainer) -> None:
+    """Say so when final/ is the starting point: no later validation scored above step 0's (a tie keeps the
+    start), so the best-of choice throws every trained step away.  On a small validation set (the CPU default's
+    12 queries) a tie is no rare event, and a row scored as "trained N steps" would be the untrained model."""
+    v, stopper = trainer.cfg.validation, trainer.stopper
+    log.warning("%s: no validation after step 0 scored above the start (%s %.4f at step 0); final/ holds the "
+                "starting weights, not those of the %d trained steps (care_training.json: weights 'best (step 0)'). "
+                "For a fixed budget's last weights train with validation.task=null; more validation queries "
+                "(validation.max_queries) make a tie less likely.", trainer.out, v.metric, stopper.best, trainer.step)
