@@ -3,6 +3,7 @@ several checkpoints side by side, efficiency columns, and the errors a user sees
 from __future__ import annotations
 
 import json
+import logging
 import os
 import subprocess
 import sys
@@ -107,6 +108,23 @@ def test_ckpt_folder_scores_each_checkpoint_side_by_side(task_paths, tiny_bert_d
     dense = json.loads((tmp_path / "eval" / "run_a_dense" / "cmedteb" / "rerank.json").read_text())
     assert set(dense["scores"]) == {"dense"}
     assert "| run/a_dense |" in result["table"] and "| run/b_m3 |" in result["table"]
+
+
+def test_a_row_that_holds_its_runs_starting_weights_is_named_in_a_warning(tmp_path, caplog):
+    from care.evaluation.entries import checkpoint_models
+
+    run = tmp_path / "run"
+    for folder, weights, steps in (("final", "best (step 0)", 20), ("best", "best (step 40)", 60),
+                                   ("tuned", "best (step 0)", 0)):  # 0 steps: nothing was trained to lose
+        (run / folder).mkdir(parents=True)
+        record = {"model": {"name": "tiny", "kind": "dense"}, "weights": weights, "steps": steps}
+        (run / folder / "care_training.json").write_text(json.dumps(record), encoding="utf-8")
+    with caplog.at_level(logging.WARNING, logger="care.evaluation.entries"):
+        rows = checkpoint_models(str(run), {"kind": "dense"})
+        alone = checkpoint_models(str(run / "final"), {"kind": "dense"})  # the folder itself as ckpt=
+    assert [name for name, _ in rows] == ["run/best", "run/final", "run/tuned"] and alone[0][0] == "run/final"
+    said = [r.getMessage() for r in caplog.records]
+    assert len(said) == 2 and all(m.startswith("row run/final: ") and "after 20 steps" in m for m in said), said
 
 
 def test_a_folder_that_is_not_a_model_is_refused(task_paths, tmp_path):

@@ -5,14 +5,17 @@ before any benchmark is loaded.
 """
 from __future__ import annotations
 
+import logging
 import os
 from pathlib import Path
 
 from care.config import CONF_DIR, model_config
 from care.encoders import detect
 from care.encoders.prompts import Prompts
-from care.encoders.registry import CHECKPOINT_MODEL
+from care.encoders.registry import CHECKPOINT_MODEL, TRAINING_RECORD, read_record
 from care.families import family_of, tower_configs
+
+log = logging.getLogger(__name__)
 
 
 def checkpoint_models(ckpt: str, model_cfg: dict, checkpoints: str = "best_final") -> list[tuple[str, dict]]:
@@ -25,9 +28,12 @@ def checkpoint_models(ckpt: str, model_cfg: dict, checkpoints: str = "best_final
     if not path.is_dir():
         raise FileNotFoundError(f"ckpt={ckpt}: {path} is not a folder")
     if (own := detect(path, model_cfg)) is not None:
+        warn_if_untrained(path, row_name(path))
         return [(row_name(path), own)]
     found = [(f"{path.name}/{sub.name}", c) for sub in sorted(path.iterdir())
              if sub.is_dir() and (c := detect(sub, model_cfg)) is not None]
+    for name, _ in found:
+        warn_if_untrained(path.parent / name, name)
     if checkpoints == "all":
         found += [(f"{path.name}/{step.name}", c) for step in sorted((path / "checkpoints").glob("step-*"))
                   if (c := detect(step / CHECKPOINT_MODEL, model_cfg)) is not None]
@@ -43,6 +49,20 @@ def checkpoint_models(ckpt: str, model_cfg: dict, checkpoints: str = "best_final
         raise ValueError(f"ckpt={ckpt}: {path} is not a model checkpoint (no config.json, care_training.json or "
                          f"M3 head files) and holds no checkpoint folders.{hint}")
     return found
+
+
+def warn_if_untrained(folder: Path, name: str) -> None:
+    """Say so when a trained folder holds its run's starting weights: its training record chose the step-0
+    validation as the best (a later one only tied it, care/training/model_saving.py warn_untrained_final), so the
+    row named after a run of N steps scores the weights the run started from (for CARE's final/, stage II's start:
+    the stage-I model)."""
+    if not (folder / TRAINING_RECORD).is_file():
+        return
+    record = read_record(folder)
+    if record.get("weights") == "best (step 0)" and (record.get("steps") or 0) > 0:
+        log.warning("row %s: %s holds its run's starting weights (care_training.json weights 'best (step 0)' after "
+                    "%d steps: no later validation beat the start), so it scores the weights that run started from",
+                    name, folder, record["steps"])
 
 
 def row_name(folder: Path) -> str:
