@@ -31,6 +31,17 @@ TRAINING_RECORD = "care_training.json"  # written by the trainer beside every mo
 CHECKPOINT_MODEL = "model"  # inside a training checkpoint (checkpoints/step-N/): its weights as a model folder
 
 
+def best_weights(step: int) -> str:
+    """The training record's `weights` of a folder holding the best validation's weights (step `step`)."""
+    return f"best (step {step})"
+
+
+def holds_starting_weights(record: dict) -> bool:
+    """The record's run trained, yet its folder holds the weights it started from: no validation after step 0
+    beat the start (a tie keeps it)."""
+    return record.get("weights") == best_weights(0) and (record.get("steps") or 0) > 0
+
+
 def build_encoder(cfg: DictConfig | dict, device: str | None = None, backend: str = "auto") -> Encoder:
     """The encoder of a model config for inference: its family's Encoder class (care.families) built by
     `from_config`.  `backend` fills the family's backend option when the config names none (`auto`: ONNX

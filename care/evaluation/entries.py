@@ -12,7 +12,7 @@ from pathlib import Path
 from care.config import CONF_DIR, model_config
 from care.encoders import detect
 from care.encoders.prompts import Prompts
-from care.encoders.registry import CHECKPOINT_MODEL, TRAINING_RECORD, read_record
+from care.encoders.registry import CHECKPOINT_MODEL, TRAINING_RECORD, holds_starting_weights, read_record
 from care.families import family_of, tower_configs
 
 log = logging.getLogger(__name__)
@@ -30,10 +30,10 @@ def checkpoint_models(ckpt: str, model_cfg: dict, checkpoints: str = "best_final
     if (own := detect(path, model_cfg)) is not None:
         warn_if_untrained(path, row_name(path))
         return [(row_name(path), own)]
-    found = [(f"{path.name}/{sub.name}", c) for sub in sorted(path.iterdir())
-             if sub.is_dir() and (c := detect(sub, model_cfg)) is not None]
-    for name, _ in found:
-        warn_if_untrained(path.parent / name, name)
+    subs = [(sub, c) for sub in sorted(path.iterdir()) if sub.is_dir() and (c := detect(sub, model_cfg)) is not None]
+    for sub, _ in subs:
+        warn_if_untrained(sub, f"{path.name}/{sub.name}")
+    found = [(f"{path.name}/{sub.name}", c) for sub, c in subs]
     if checkpoints == "all":
         found += [(f"{path.name}/{step.name}", c) for step in sorted((path / "checkpoints").glob("step-*"))
                   if (c := detect(step / CHECKPOINT_MODEL, model_cfg)) is not None]
@@ -59,7 +59,7 @@ def warn_if_untrained(folder: Path, name: str) -> None:
     if not (folder / TRAINING_RECORD).is_file():
         return
     record = read_record(folder)
-    if record.get("weights") == "best (step 0)" and (record.get("steps") or 0) > 0:
+    if holds_starting_weights(record):
         log.warning("row %s: %s holds its run's starting weights (care_training.json weights 'best (step 0)' after "
                     "%d steps: no later validation beat the start), so it scores the weights that run started from",
                     name, folder, record["steps"])

@@ -18,7 +18,7 @@ import torch
 from omegaconf import OmegaConf
 
 from care.data.io import atomic_folder, link_or_copy_tree, write_json
-from care.encoders.registry import TRAINING_RECORD, read_record
+from care.encoders.registry import TRAINING_RECORD, best_weights, holds_starting_weights, read_record
 from care.encoders.st_folder import write_st_files
 from care.export.card import write_model_card
 from care.export.provenance import base_models, data_lineage, portable
@@ -85,8 +85,8 @@ def save_final(trainer) -> Path:
     if acc.is_main_process:
         best = out / "best"
         use_best = bool(stopper and best.exists())  # the early-stopping choice, not the last weights
-        weights = f"best (step {stopper.best_step})" if use_best else "last"
-        if use_best and stopper.best_step == 0 and trainer.step > 0:
+        weights = best_weights(stopper.best_step) if use_best else "last"
+        if holds_starting_weights({"weights": weights, "steps": trainer.step}):
             warn_untrained_final(trainer)
         # With a merge the fine-tuned weights are kept in tuned/ and final/ is the merged model.
         tuned = final if merge_weight is None else out / "tuned"

@@ -33,6 +33,7 @@ from torch.utils.data import DataLoader
 from tqdm.auto import tqdm
 from transformers import get_cosine_schedule_with_warmup
 
+from care.encoders.registry import best_weights
 from care.families import family_of, hook
 from care.runlock import FORCE_KEY, lock_run_folder, release_lock_after, release_lock_on_error
 from care.training.checkpoint import AlreadyFinished, ResumeError, RunFolder, config_hash
@@ -373,7 +374,7 @@ class Trainer:
             value = self.validator(self.family.encoder(models, self.cfg.trainer.passage_max_length))
             seconds = time.perf_counter() - start
             if self.stopper.update(value, self.step):
-                save_model(self, models, self.out / "best", f"best (step {self.step})")
+                save_model(self, models, self.out / "best", best_weights(self.step))
             self.log_rows.log(self.step, {f"val/{v.metric}": value, "val/best": self.stopper.best,
                                           "val/seconds": seconds})
             decision = ["early_stopping" if self.stopper.should_stop else ""]
