@@ -265,7 +265,8 @@ care-stage2: care-experiment
 # (b) the untrained cut with me5's documents (care_me5) and (e) make run's model, in one evaluation run.  Then the
 # table and plot with seed groups (care.evaluation.tradeoff -> bench/results/care_me5.json, .md, _tradeoff.png) and
 # gains with paired intervals (care.evaluation.compare -> bench/results/care_me5_gains.md, .json).  Finished runs
-# are skipped; a fresh clone trains about an hour a seed on 2 cores (stage I most of it).
+# are skipped; a fresh clone trains about an hour a seed on 2 cores (stage I most of it), and the first evaluation
+# run takes about 1.5 hours more.
 CLAIM_SEEDS ?= 42 1 2
 # the symmetric 4-layer fine-tune's seeds (g): 2 minutes a seed against CARE's ~50, so they need not wait for CARE's
 CLAIM_SYM_SEEDS ?= $(CLAIM_SEEDS)

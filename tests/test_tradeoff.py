@@ -1,10 +1,11 @@
 """care.evaluation.tradeoff: each row a share of the reference of its own evaluation run."""
 import json
+from itertools import pairwise
 
 import pytest
 
 from care.data.io import write_json
-from care.evaluation.tradeoff import main, run_rows
+from care.evaluation.tradeoff import label_heights, main, run_rows
 
 
 def summary(folder, run, models):
@@ -82,3 +83,14 @@ def test_seed_groups_mean_and_sd_over_a_runs_seeds(tmp_path, capsys):
     assert saved["measured"]["note"] == "idle" and [m["run"] for m in saved["measured"]["runs"]] == ["one", "two"]
     assert "| one | t/g | 1, 2, 42 | 31.00 ± 2.65 |" in capsys.readouterr().out
     assert (tmp_path / "res" / "claim_tradeoff.png").stat().st_size > 0
+
+
+def test_seed_group_labels_keep_apart_and_never_sit_above_their_point():
+    # d60, d20, c and h as measured: within 3 points of each other, so labels at their points would overlap
+    ys = [98.7, 96.4, 95.4, 93.7, 84.1]
+    heights = label_heights(ys, gap=2.2)
+    order = sorted(range(len(ys)), key=lambda i: -ys[i])
+    assert all(heights[i] <= ys[i] for i in range(len(ys)))
+    assert all(heights[a] - heights[b] >= 2.2 - 1e-9 for a, b in pairwise(order))
+    assert heights[0] == 98.7 and heights[4] == 84.1  # a label with room stays level with its point
+    assert label_heights([50.0, 90.0], gap=2.2) == [50.0, 90.0]  # points' order kept

@@ -30,6 +30,7 @@ from care.data.numbers import fmt_number
 from care.errors import app_errors
 
 P50, P95 = "query_latency_ms_p50", "query_latency_ms_p95"
+LABEL_GAP = 2.2  # y-axis points (% of the reference's Avg) between two seed groups' labels: 7-pt text
 
 
 def _pct(value: float | None, reference: float | None) -> float | None:
@@ -139,6 +140,15 @@ def markdown(rows: list[dict]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def label_heights(ys: list[float], gap: float) -> list[float]:
+    """A label height for each point, in the points' order: from the top down, each label at its point's height
+    or `gap` below the label above it, whichever is lower."""
+    heights, above = [0.0] * len(ys), float("inf")
+    for i in sorted(range(len(ys)), key=lambda i: -ys[i]):
+        heights[i] = above = min(ys[i], above - gap)
+    return heights
+
+
 def plot(path: Path, rows: list[dict], target_avg: float, target_latency: float,
          groups: list[dict] = ()) -> Path:
     import matplotlib
@@ -156,13 +166,19 @@ def plot(path: Path, rows: list[dict], target_avg: float, target_latency: float,
     for r in alone:  # the row name without its run folder (d-stage2, me5_small): full labels run off the axes
         ax.annotate(r["model"].rsplit("/", 1)[-1], (r["latency_pct"], r["avg_pct"]), fontsize=7, xytext=(4, 3),
                     textcoords="offset points")
-    for g in groups:
-        if g["avg_pct"] is None or g["latency_pct"] is None:
-            continue
+    drawn = [g for g in groups if g["avg_pct"] is not None and g["latency_pct"] is not None]
+    for g in drawn:
         x, y = g["latency_pct"], g["avg_pct"]
         ax.errorbar(x["mean"], y["mean"], xerr=x["sd"] or 0, yerr=y["sd"] or 0, fmt="s", color="C1", capsize=2, ms=4)
-        ax.annotate(f"{g['model'].rsplit('/', 1)[-1]} ({g['n']} seed{'s' if g['n'] > 1 else ''})", (x["mean"], y["mean"]), fontsize=7,
-                    xytext=(4, -9), textcoords="offset points", color="C1")
+    # Seed groups of one network sit within the latency noise of each other, so labels beside the points
+    # overlap: they go in a column to the right of the groups, at least LABEL_GAP apart, each with a line to its point.
+    label_x = max((g["latency_pct"]["mean"] + (g["latency_pct"]["sd"] or 0) for g in drawn), default=0) + 6
+    heights = label_heights([g["avg_pct"]["mean"] for g in drawn], LABEL_GAP)
+    for g, label_y in zip(drawn, heights):
+        x, y = g["latency_pct"]["mean"], g["avg_pct"]["mean"]
+        ax.annotate(f"{g['model'].rsplit('/', 1)[-1]} ({g['n']} seed{'s' if g['n'] > 1 else ''})", (x, y),
+                    xytext=(label_x, label_y), fontsize=7, color="C1", va="center",
+                    arrowprops={"arrowstyle": "-", "color": "C1", "lw": 0.5, "alpha": 0.6})
     ax.axhline(target_avg, ls="--", lw=0.8, color="grey")
     ax.axvline(target_latency, ls="--", lw=0.8, color="grey")
     ax.fill_between([0, target_latency], target_avg, 105, color="green", alpha=0.08,
