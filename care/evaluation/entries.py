@@ -12,7 +12,13 @@ from pathlib import Path
 from care.config import CONF_DIR, model_config
 from care.encoders import detect
 from care.encoders.prompts import Prompts
-from care.encoders.registry import CHECKPOINT_MODEL, TRAINING_RECORD, holds_starting_weights, read_record
+from care.encoders.registry import (
+    CHECKPOINT_MODEL,
+    TRAINING_RECORD,
+    best_weights,
+    holds_starting_weights,
+    read_record,
+)
 from care.families import family_of, tower_configs
 
 log = logging.getLogger(__name__)
@@ -28,8 +34,8 @@ def checkpoint_models(ckpt: str, model_cfg: dict, checkpoints: str = "best_final
     if not path.is_dir():
         raise FileNotFoundError(f"ckpt={ckpt}: {path} is not a folder")
     if (own := detect(path, model_cfg)) is not None:
-        warn_if_untrained(path, row_name(path))
-        return [(row_name(path), own)]
+        warn_if_untrained(path, name := row_name(path))
+        return [(name, own)]
     subs = [(sub, c) for sub in sorted(path.iterdir()) if sub.is_dir() and (c := detect(sub, model_cfg)) is not None]
     for sub, _ in subs:
         warn_if_untrained(sub, f"{path.name}/{sub.name}")
@@ -60,9 +66,9 @@ def warn_if_untrained(folder: Path, name: str) -> None:
         return
     record = read_record(folder)
     if holds_starting_weights(record):
-        log.warning("row %s: %s holds its run's starting weights (care_training.json weights 'best (step 0)' after "
-                    "%d steps: no later validation beat the start), so it scores the weights that run started from",
-                    name, folder, record["steps"])
+        log.warning("row %s: %s holds its run's starting weights (care_training.json weights '%s' after %d steps: "
+                    "no later validation beat the start), so it scores the weights that run started from",
+                    name, folder, best_weights(0), record["steps"])
 
 
 def row_name(folder: Path) -> str:

@@ -167,16 +167,14 @@ def plot(path: Path, rows: list[dict], target_avg: float, target_latency: float,
         ax.annotate(r["model"].rsplit("/", 1)[-1], (r["latency_pct"], r["avg_pct"]), fontsize=7, xytext=(4, 3),
                     textcoords="offset points")
     drawn = [g for g in groups if g["avg_pct"] is not None and g["latency_pct"] is not None]
-    for g in drawn:
-        x, y = g["latency_pct"], g["avg_pct"]
-        ax.errorbar(x["mean"], y["mean"], xerr=x["sd"] or 0, yerr=y["sd"] or 0, fmt="s", color="C1", capsize=2, ms=4)
     # Seed groups of one network sit within the latency noise of each other, so labels beside the points
     # overlap: they go in a column to the right of the groups, at least LABEL_GAP apart, each with a line to its point.
     label_x = max((g["latency_pct"]["mean"] + (g["latency_pct"]["sd"] or 0) for g in drawn), default=0) + 6
     heights = label_heights([g["avg_pct"]["mean"] for g in drawn], LABEL_GAP)
     for g, label_y in zip(drawn, heights):
-        x, y = g["latency_pct"]["mean"], g["avg_pct"]["mean"]
-        ax.annotate(f"{g['model'].rsplit('/', 1)[-1]} ({g['n']} seed{'s' if g['n'] > 1 else ''})", (x, y),
+        x, y = g["latency_pct"], g["avg_pct"]
+        ax.errorbar(x["mean"], y["mean"], xerr=x["sd"] or 0, yerr=y["sd"] or 0, fmt="s", color="C1", capsize=2, ms=4)
+        ax.annotate(f"{g['model'].rsplit('/', 1)[-1]} ({g['n']} seed{'s' if g['n'] > 1 else ''})", (x["mean"], y["mean"]),
                     xytext=(label_x, label_y), fontsize=7, color="C1", va="center",
                     arrowprops={"arrowstyle": "-", "color": "C1", "lw": 0.5, "alpha": 0.6})
     ax.axhline(target_avg, ls="--", lw=0.8, color="grey")

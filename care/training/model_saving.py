@@ -113,6 +113,7 @@ def warn_untrained_final(trainer) -> None:
     12 queries) a tie is no rare event, and a row scored as "trained N steps" would be the untrained model."""
     v, stopper = trainer.cfg.validation, trainer.stopper
     log.warning("%s: no validation after step 0 scored above the start (%s %.4f at step 0); final/ holds the "
-                "starting weights, not those of the %d trained steps (care_training.json: weights 'best (step 0)'). "
+                "starting weights, not those of the %d trained steps (care_training.json: weights '%s'). "
                 "For a fixed budget's last weights train with validation.task=null; more validation queries "
-                "(validation.max_queries) make a tie less likely.", trainer.out, v.metric, stopper.best, trainer.step)
+                "(validation.max_queries) make a tie less likely.", trainer.out, v.metric, stopper.best, trainer.step,
+                best_weights(0))
