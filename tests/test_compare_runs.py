@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -87,6 +88,7 @@ def test_chosen_groups_and_the_cli_files(runs, tmp_path, capsys):
     assert "±" in text and text.index("gain of trainer.group_size=4 over trainer.group_size=1") < \
         text.index("gain of trainer.group_size=1 over bm25")
     saved = json.loads((tmp_path / "cmp" / "compare.json").read_text())
+    assert saved["runs"] == [Path(f).name for f in folders]  # no path of this machine in a results file
     assert [(g["of"], g["over"]) for g in saved["gains"]] == [("trainer.group_size=4", "trainer.group_size=1"),
                                                               ("trainer.group_size=1", "bm25")]
     assert saved["gains"][1]["intervals"] == compare(folders, [("1", "3")])["gains"][0]["intervals"]

@@ -146,3 +146,13 @@ def test_no_written_json_yaml_or_readme_names_the_machine(folders, mteb_results,
         assert any(folder.rglob("*.json")), f"{kind}: nothing written at {folder}"
     hits = {kind: machine_paths(folder, roots) for kind, folder in kinds.items()}
     assert not any(hits.values()), json.dumps(hits, indent=1, ensure_ascii=False)
+
+
+def test_no_committed_result_file_names_the_machine():
+    """bench/results and docs/results are committed; a file there that records the folders it read (compare.json's
+    runs) names them as the project does.  `}` before a slash is a Hydra interpolation (${data_dir}/mined), no path."""
+    in_text = re.compile(r"(?<![\w.:/~}-])/[\w.@+-]+/[\w.@+-]+")
+    files = [p for d in ("bench/results", "docs/results") for p in sorted((PROJECT_ROOT / d).iterdir())
+             if p.suffix in (".json", ".jsonl", ".md")]
+    hits = {p.name: found for p in files if (found := in_text.findall(p.read_text(encoding="utf-8")))}
+    assert files and not hits, hits

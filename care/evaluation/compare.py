@@ -33,7 +33,7 @@ from care.encoders.registry import TRAINING_RECORD
 from care.errors import app_errors
 from care.evaluation.run_folder import folder_of
 from care.evaluation.significance import cell_items, gain_interval
-from care.paths import outputs_dir
+from care.paths import outputs_dir, relative_name
 
 NAMED_BY_MODEL_NAME = ("model.path", "model.label", "model.build_hint")
 
@@ -174,7 +174,8 @@ def compare(runs: Sequence[str | Path], gains: Sequence[tuple[str, str]] | None 
                             "n": len(v)}
         table.append({"label": g["label"], "key": g["key"], "seeds": g["seeds"], "runs": len(g["rows"]),
                       "cells": cells})
-    result = {"runs": [str(r) for r in runs], "columns": columns, "titles": titles, "groups": table, "gains": []}
+    # run folders as the project names paths in a written file (outputs/eval/<run>): the JSON is committed
+    result = {"runs": [relative_name(r) for r in runs], "columns": columns, "titles": titles, "groups": table, "gains": []}
     trained = [g for g in found if g["trained"]]
     # Chosen among all the table's groups (a baseline too); by default the first two trained ones.
     pairs = [(_pick(found, a), _pick(found, b)) for a, b in gains] if gains else \
